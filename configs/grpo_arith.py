@@ -1,0 +1,92 @@
+r"""GRPO on the built-in arithmetic task, starting from the shipped SFT base policy.
+
+  python -m rft_jax.main --config configs/grpo_arith.py --workdir runs/grpo_arith
+
+What to expect on 2 CPU cores (no GPU): a few minutes of wall time, the mean reward rising from
+~0.4 to ~0.7, and held-out greedy accuracy rising by well over 15 points over the base policy
+(both are printed at the end and written to `summary.json`).
+
+`--config configs/grpo_arith.py:tiny` is the same recipe shrunk for tests (a few steps).
+"""
+import ml_collections
+
+from configs import common
+
+
+def get_config(arg: str = ''):
+  config = ml_collections.ConfigDict()
+  config.name = 'grpo_arith'
+  config.seed = 0
+
+  # Input: procedurally generated arithmetic (TFDS builder, array_record, offline).
+  config.task = common.arith_task()
+  config.tokenizer = common.tiny_tokenizer()
+
+  # Policy: the tiny Llama-style model, initialised from the SFT base policy.
+  config.model = common.tiny_model()
+  config.init_from = 'rft_jax/assets/arith_base'   # orbax params dir; '' = random init
+
+  # Rollouts: G completions for each of `prompts_per_step` prompts.
+  config.rollout = ml_collections.ConfigDict()
+  config.rollout.prompts_per_step = 32
+  config.rollout.group_size = 8
+  config.rollout.max_new_tokens = 8
+  config.rollout.temperature = 1.0
+  config.rollout.top_k = 0          # 0 = off
+  config.rollout.top_p = 1.0        # 1.0 = off
+
+  # Rewards: weighted sum of rule-based verifiers (rft_jax/rewards/verifiers.py).
+  config.rewards = ml_collections.ConfigDict()
+  config.rewards.weights = ml_collections.ConfigDict({'correct': 1.0, 'format': 0.1})
+  config.rewards.timeout_s = 2.0    # per completion; a hanging verifier cannot hang the run
+  config.rewards.num_workers = 2
+
+  # Algorithm: registry entries by name (rft_jax/algorithms/).
+  config.algo = ml_collections.ConfigDict()
+  config.algo.advantage = 'grpo'    # group mean, divided by group std
+  config.algo.loss = 'ppo_clip'
+  config.algo.loss_agg = 'token_mean'
+  config.algo.clip_eps = 0.2
+  config.algo.kl_coef = 0.02        # k3 KL to the frozen reference policy, in the loss
+  config.algo.kl_estimator = 'k3'
+  config.algo.updates_per_batch = 2 # optimiser steps on each rollout batch (>1 exercises clipping)
+  config.algo.microbatches = 1
+
+  # Optimiser: AdamW with linear warm-up, constant after.
+  config.optim = ml_collections.ConfigDict()
+  config.optim.lr = 2e-4
+  config.optim.warmup_steps = 10
+  config.optim.b1 = 0.9
+  config.optim.b2 = 0.99
+  config.optim.weight_decay = 0.0
+  config.optim.grad_clip = 1.0
+
+  # Loop, eval and checkpoints.
+  config.train = ml_collections.ConfigDict()
+  config.train.steps = 150
+  config.train.eval_every = 50
+  config.train.ckpt_every = 25
+  config.train.keep_checkpoints = 2
+
+  config.eval = ml_collections.ConfigDict()
+  config.eval.num_prompts = 256     # held-out test split
+  config.eval.k = 8                 # mean@k: mean accuracy over k samples per prompt
+  config.eval.temperature = 1.0
+
+  config.mesh = common.mesh()
+
+  config.telemetry = ml_collections.ConfigDict()
+  config.telemetry.console = True
+  config.telemetry.jsonl = True
+  config.telemetry.tensorboard = True
+  config.telemetry.plot = True
+
+  if arg == 'tiny':   # a few seconds of work: used by tests
+    config.rollout.prompts_per_step = 4
+    config.rollout.group_size = 4
+    config.train.steps = 4
+    config.train.eval_every = 4
+    config.train.ckpt_every = 2
+    config.eval.num_prompts = 16
+    config.eval.k = 2
+  return config

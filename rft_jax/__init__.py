@@ -1,0 +1,1 @@
+"""rft_jax: JAX-native RL post-training for language models."""
