@@ -10,7 +10,7 @@ def arith_task():
   task = ml_collections.ConfigDict()
   task.name = 'arith'            # TFDS builder in rft_jax/data/arith.py
   task.data_dir = ''             # '' = ~/.cache/rft_jax/tfds (generated offline on first use)
-  task.max_prompt_len = 12       # prompts are left-padded to this many tokens
+  task.max_prompt_len = 8        # prompts are left-padded to this many tokens (BOS + "99+99=" is 7)
   return task
 
 
@@ -23,7 +23,7 @@ def tiny_tokenizer():
 def tiny_model():
   """A ~0.8M-parameter Llama-style decoder. Field names follow HF `config.json`."""
   model = ml_collections.ConfigDict()
-  model.vocab_size = 32
+  model.vocab_size = 18          # = the shipped SentencePiece vocabulary
   model.hidden_size = 128
   model.intermediate_size = 384
   model.num_hidden_layers = 4

@@ -30,7 +30,7 @@ def get_config(arg: str = ''):
   config.rollout = ml_collections.ConfigDict()
   config.rollout.prompts_per_step = 32
   config.rollout.group_size = 8
-  config.rollout.max_new_tokens = 8
+  config.rollout.max_new_tokens = 6
   config.rollout.temperature = 1.0
   config.rollout.top_k = 0          # 0 = off
   config.rollout.top_p = 1.0        # 1.0 = off

@@ -25,7 +25,7 @@ def get_config(arg: str = ''):
 
   config.sft = ml_collections.ConfigDict()
   config.sft.batch_size = 64
-  config.sft.answer_len = 8         # answer + EOS, right-padded
+  config.sft.answer_len = 4         # answer + EOS, right-padded ("-99" + EOS is 4)
 
   config.optim = ml_collections.ConfigDict()
   config.optim.lr = 1e-3

@@ -1,0 +1,58 @@
+"""Name -> function registries for advantage estimators and policy losses.
+
+Recipes pick entries by string (`config.algo.advantage = 'grpo'`, `config.algo.loss = 'ppo_clip'`).
+A new estimator or loss is one decorated function; the train step never changes.
+"""
+from typing import Callable
+
+ADVANTAGES: dict[str, Callable] = {}
+LOSSES: dict[str, Callable] = {}
+LOSS_AGGREGATIONS: dict[str, Callable] = {}
+
+
+def _register(table: dict, kind: str, name: str):
+  def wrap(fn):
+    if name in table:
+      raise ValueError(f'{kind} {name!r} is registered twice')
+    table[name] = fn
+    return fn
+  return wrap
+
+
+def register_advantage(name: str):
+  return _register(ADVANTAGES, 'advantage estimator', name)
+
+
+def register_loss(name: str):
+  return _register(LOSSES, 'policy loss', name)
+
+
+def register_loss_agg(name: str):
+  return _register(LOSS_AGGREGATIONS, 'loss aggregation', name)
+
+
+def _get(table: dict, kind: str, name: str):
+  # Importing the implementations fills the tables.
+  from rft_jax.algorithms import advantages, losses  # noqa: F401  pylint: disable=g-import-not-at-top
+  if name not in table:
+    raise KeyError(f'unknown {kind} {name!r}; known: {", ".join(sorted(table))}')
+  return table[name]
+
+
+def get_advantage(name: str) -> Callable:
+  return _get(ADVANTAGES, 'advantage estimator', name)
+
+
+def get_loss(name: str) -> Callable:
+  return _get(LOSSES, 'policy loss', name)
+
+
+def get_loss_agg(name: str) -> Callable:
+  return _get(LOSS_AGGREGATIONS, 'loss aggregation', name)
+
+
+def names() -> dict[str, list[str]]:
+  """All registered names by kind, e.g. for config validation."""
+  from rft_jax.algorithms import advantages, losses  # noqa: F401  pylint: disable=g-import-not-at-top
+  return {'advantage': sorted(ADVANTAGES), 'loss': sorted(LOSSES),
+          'loss_agg': sorted(LOSS_AGGREGATIONS)}

@@ -1,0 +1,336 @@
+"""Schema checks for a loaded recipe config, with one-line errors that name the key.
+
+A recipe (`configs/*.py`) returns an `ml_collections.ConfigDict`. `validate(config)` checks it
+before anything heavy is imported or built, and raises `ConfigError` on the first problem found:
+
+  config.rollout.group_size=1: GRPO needs at least 2 completions per prompt
+  config.rollout.tempreature: unknown key (did you mean 'temperature'?)
+
+The checks run in this order: unknown, missing and wrongly typed keys (against `SCHEMA`); value
+ranges (`_COMMON_RULES`, `_RL_RULES`, `_SFT_RULES`); constraints between keys; files on disk;
+and last the registered names (verifiers, advantage estimators, losses), which import their
+implementation modules.
+
+A recipe with a `sft` section is a supervised fine-tuning recipe; any other is an RL (GRPO
+family) recipe and must have `rollout`, `rewards` and `algo` sections. Checks that depend on the
+devices (e.g. the batch dividing the data-parallel axes) happen where the mesh is built.
+"""
+import difflib
+import os
+from typing import Any, Callable
+
+import ml_collections
+
+
+class _NameToFloat:
+  """Schema marker for a free mapping of names to float weights (`rewards.weights`)."""
+
+
+NAME_TO_FLOAT = _NameToFloat()
+
+# Every key a recipe may set, with its Python type. A nested dict is a section (a ConfigDict).
+# ints are accepted where a float is expected; a bool is never accepted as an int or float.
+SCHEMA: dict[str, Any] = {
+    'name': str,
+    'seed': int,
+    'init_from': str,   # orbax params dir; '' = random init
+    'task': {'name': str, 'data_dir': str, 'max_prompt_len': int},
+    'tokenizer': {'path': str},
+    'model': {
+        'vocab_size': int, 'hidden_size': int, 'intermediate_size': int,
+        'num_hidden_layers': int, 'num_attention_heads': int, 'num_key_value_heads': int,
+        'head_dim': int, 'rope_theta': float, 'rms_norm_eps': float,
+        'tie_word_embeddings': bool, 'attention_bias': bool,
+        'max_position_embeddings': int, 'dtype': str,
+    },
+    'rollout': {
+        'prompts_per_step': int, 'group_size': int, 'max_new_tokens': int,
+        'temperature': float, 'top_k': int, 'top_p': float,
+    },
+    'rewards': {'weights': NAME_TO_FLOAT, 'timeout_s': float, 'num_workers': int},
+    'algo': {
+        'advantage': str, 'loss': str, 'loss_agg': str, 'clip_eps': float, 'kl_coef': float,
+        'kl_estimator': str, 'updates_per_batch': int, 'microbatches': int,
+    },
+    'sft': {'batch_size': int, 'answer_len': int},
+    'optim': {
+        'lr': float, 'warmup_steps': int, 'b1': float, 'b2': float,
+        'weight_decay': float, 'grad_clip': float,
+    },
+    'train': {'steps': int, 'eval_every': int, 'ckpt_every': int, 'keep_checkpoints': int},
+    'eval': {'num_prompts': int, 'k': int, 'temperature': float},
+    'mesh': {'data': int, 'fsdp': int, 'tensor': int},
+    'telemetry': {'console': bool, 'jsonl': bool, 'tensorboard': bool, 'plot': bool},
+}
+
+RL_SECTIONS = ('rollout', 'rewards', 'algo')
+SFT_SECTIONS = ('sft',)
+DTYPES = ('float32', 'bfloat16')
+KL_ESTIMATORS = ('k1', 'k2', 'k3')   # as in rft_jax.algorithms.losses.kl_penalty
+
+_NO_VALUE = object()
+
+
+class ConfigError(ValueError):
+  """A config problem. `key` is the dotted path inside the config, e.g. 'rollout.group_size'.
+
+  `str(error)` is one line: 'config.<key>=<value!r>: <reason>' (or 'config.<key>: <reason>'
+  when there is no single value to show).
+  """
+
+  def __init__(self, key: str, reason: str, value: Any = _NO_VALUE):
+    self.key = key
+    self.reason = reason
+    self.value = value
+    if value is _NO_VALUE or isinstance(value, ml_collections.ConfigDict):
+      message = f'config.{key}: {reason}'
+    else:
+      message = f'config.{key}={_short_repr(value)}: {reason}'
+    super().__init__(message)
+
+
+def is_sft(config: ml_collections.ConfigDict) -> bool:
+  """True for a supervised fine-tuning recipe (one with a `sft` section), else RL."""
+  return 'sft' in config
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError naming the first bad key of `config`; returns None if it is usable."""
+  _check_section(config, SCHEMA, '', optional=RL_SECTIONS + SFT_SECTIONS)
+  required = SFT_SECTIONS if is_sft(config) else RL_SECTIONS
+  for name in required:
+    if name not in config:
+      kind = 'SFT' if is_sft(config) else 'GRPO/RL (no `sft` section)'
+      raise ConfigError(name, f'missing section; a {kind} recipe needs it')
+
+  rules = _COMMON_RULES + (_SFT_RULES if is_sft(config) else _RL_RULES)
+  for key, ok, requirement in rules:
+    value = lookup(config, key)
+    if not ok(value):
+      raise ConfigError(key, requirement, value)
+  _check_model(config)
+  _check_mesh(config)
+  if is_sft(config):
+    _check_sft(config)
+  else:
+    _check_rollout(config)
+  _check_paths(config)
+  if not is_sft(config):
+    _check_verifier_names(config)
+    _check_algo_names(config)
+
+
+# --- Structure and types ---------------------------------------------------------------------
+
+def _check_section(section: ml_collections.ConfigDict, schema: dict, prefix: str,
+                   optional: tuple[str, ...] = ()) -> None:
+  """Checks one section's keys against `schema`, recursing into subsections."""
+  for key in section.keys():
+    path = prefix + key
+    if key not in schema:
+      raise ConfigError(path, 'unknown key' + did_you_mean(key, schema))
+    want, value = schema[key], section[key]
+    if isinstance(want, dict):
+      if not isinstance(value, ml_collections.ConfigDict):
+        raise ConfigError(path, f'expected a section (ConfigDict), got {_type_name(value)}',
+                          value)
+      _check_section(value, want, path + '.')
+    elif want is NAME_TO_FLOAT:
+      _check_name_to_float(value, path)
+    elif not _has_type(value, want):
+      raise ConfigError(path, f'expected {want.__name__}, got {_type_name(value)}', value)
+  for key in schema:
+    if key not in section and key not in optional:
+      raise ConfigError(prefix + key, 'missing key')
+
+
+def _check_name_to_float(value: Any, path: str) -> None:
+  if not isinstance(value, ml_collections.ConfigDict):
+    raise ConfigError(path, f'expected a section of name -> float, got {_type_name(value)}',
+                      value)
+  for name in value.keys():
+    if not _has_type(value[name], float):
+      raise ConfigError(f'{path}.{name}', f'expected float, got {_type_name(value[name])}',
+                        value[name])
+
+
+def _has_type(value: Any, want: type) -> bool:
+  if want is float:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+  if want is int:
+    return isinstance(value, int) and not isinstance(value, bool)
+  return isinstance(value, want)
+
+
+# --- Value ranges ----------------------------------------------------------------------------
+
+Rule = tuple[str, Callable[[Any], bool], str]
+
+
+def _at_least(key: str, low: float) -> Rule:
+  return (key, lambda v: v >= low, f'must be >= {low}')
+
+
+def _above(key: str, low: float) -> Rule:
+  return (key, lambda v: v > low, f'must be > {low}')
+
+
+_COMMON_RULES: list[Rule] = [
+    ('name', lambda v: bool(v.strip()), 'must be a non-empty name (it names the workdir)'),
+    _at_least('task.max_prompt_len', 1),
+    *[_at_least(f'model.{key}', 1) for key in (
+        'vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers',
+        'num_attention_heads', 'num_key_value_heads', 'head_dim', 'max_position_embeddings')],
+    _above('model.rope_theta', 0),
+    _above('model.rms_norm_eps', 0),
+    ('model.dtype', lambda v: v in DTYPES, f'must be one of {", ".join(map(repr, DTYPES))}'),
+    _above('optim.lr', 0),
+    _at_least('optim.warmup_steps', 0),
+    ('optim.b1', lambda v: 0 <= v < 1, 'must be in [0, 1)'),
+    ('optim.b2', lambda v: 0 <= v < 1, 'must be in [0, 1)'),
+    _at_least('optim.weight_decay', 0),
+    _at_least('optim.grad_clip', 0),
+    _at_least('train.steps', 1),
+    _at_least('train.eval_every', 1),
+    _at_least('train.ckpt_every', 1),
+    _at_least('train.keep_checkpoints', 1),
+    _at_least('eval.num_prompts', 1),
+    _at_least('eval.k', 1),
+    _at_least('eval.temperature', 0),
+    *[(f'mesh.{axis}', lambda v: v == -1 or v >= 1,
+       'must be -1 (all devices not used by the other axes) or >= 1')
+      for axis in SCHEMA['mesh']],
+]
+
+_RL_RULES: list[Rule] = [
+    _at_least('rollout.prompts_per_step', 1),
+    ('rollout.group_size', lambda v: v >= 2, 'GRPO needs at least 2 completions per prompt'),
+    _at_least('rollout.max_new_tokens', 1),
+    _at_least('rollout.temperature', 0),
+    _at_least('rollout.top_k', 0),
+    ('rollout.top_p', lambda v: 0 < v <= 1, 'must be in (0, 1]'),
+    _above('rewards.timeout_s', 0),
+    _at_least('rewards.num_workers', 0),
+    _above('algo.clip_eps', 0),
+    _at_least('algo.kl_coef', 0),
+    ('algo.kl_estimator', lambda v: v in KL_ESTIMATORS,
+     f'must be one of {", ".join(map(repr, KL_ESTIMATORS))}'),
+    _at_least('algo.updates_per_batch', 1),
+    _at_least('algo.microbatches', 1),
+]
+
+_SFT_RULES: list[Rule] = [
+    _at_least('sft.batch_size', 1),
+    _at_least('sft.answer_len', 1),
+]
+
+
+# --- Constraints between keys ----------------------------------------------------------------
+
+def _check_model(config: ml_collections.ConfigDict) -> None:
+  model = config.model
+  if model.num_attention_heads % model.num_key_value_heads:
+    raise ConfigError('model.num_key_value_heads',
+                      f'must divide model.num_attention_heads={model.num_attention_heads}',
+                      model.num_key_value_heads)
+
+
+def _check_mesh(config: ml_collections.ConfigDict) -> None:
+  flexible = [axis for axis in config.mesh.keys() if config.mesh[axis] == -1]
+  if len(flexible) > 1:
+    raise ConfigError(f'mesh.{flexible[1]}',
+                      f'at most one mesh axis may be -1 (mesh.{flexible[0]} is already -1)', -1)
+
+
+def _check_rollout(config: ml_collections.ConfigDict) -> None:
+  rollout, algo = config.rollout, config.algo
+  batch = rollout.prompts_per_step * rollout.group_size
+  if batch % algo.microbatches:
+    raise ConfigError(
+        'algo.microbatches',
+        f'must divide the rollout batch rollout.prompts_per_step * rollout.group_size = '
+        f'{rollout.prompts_per_step} * {rollout.group_size} = {batch}', algo.microbatches)
+  _check_fits(config, 'rollout.max_new_tokens')
+
+
+def _check_sft(config: ml_collections.ConfigDict) -> None:
+  _check_fits(config, 'sft.answer_len')
+
+
+def _check_fits(config: ml_collections.ConfigDict, completion_key: str) -> None:
+  """Prompt plus completion must fit in the model's position embeddings."""
+  prompt_len, completion_len = config.task.max_prompt_len, lookup(config, completion_key)
+  limit = config.model.max_position_embeddings
+  if prompt_len + completion_len > limit:
+    raise ConfigError(
+        completion_key,
+        f'task.max_prompt_len + {completion_key} = {prompt_len} + {completion_len} = '
+        f'{prompt_len + completion_len} exceeds model.max_position_embeddings={limit}',
+        completion_len)
+
+
+def _check_paths(config: ml_collections.ConfigDict) -> None:
+  """Files the run reads; relative paths are relative to the current directory."""
+  path = config.tokenizer.path
+  if not path:
+    raise ConfigError('tokenizer.path', 'required (a tokenizer file)', path)
+  if not os.path.exists(path):
+    raise ConfigError('tokenizer.path', f'not found (relative to {os.getcwd()})', path)
+  if config.init_from and not os.path.isdir(config.init_from):
+    raise ConfigError('init_from',
+                      f"no such directory (relative to {os.getcwd()}); '' = random init",
+                      config.init_from)
+
+
+# --- Registered names ------------------------------------------------------------------------
+
+def _check_verifier_names(config: ml_collections.ConfigDict) -> None:
+  from rft_jax.rewards.verifiers import VERIFIERS  # pylint: disable=g-import-not-at-top
+  weights = config.rewards.weights
+  if not weights.keys():
+    raise ConfigError('rewards.weights', 'needs at least one verifier name -> weight')
+  for name in weights.keys():
+    if name not in VERIFIERS:
+      raise ConfigError(f'rewards.weights.{name}',
+                        'unknown verifier' + did_you_mean(name, VERIFIERS) + '; known: '
+                        + ', '.join(sorted(VERIFIERS)))
+
+
+_ALGO_KINDS = (('advantage', 'advantage estimator'), ('loss', 'policy loss'),
+               ('loss_agg', 'loss aggregation'))
+
+
+def _check_algo_names(config: ml_collections.ConfigDict) -> None:
+  # Imports the implementations (and with them JAX): keep this check last.
+  from rft_jax.algorithms import registry  # pylint: disable=g-import-not-at-top
+  known = registry.names()
+  for field, kind in _ALGO_KINDS:
+    value = config.algo[field]
+    if value not in known[field]:
+      raise ConfigError(f'algo.{field}', f'unknown {kind}' + did_you_mean(value, known[field])
+                        + '; known: ' + ', '.join(known[field]), value)
+
+
+# --- Helpers ---------------------------------------------------------------------------------
+
+def lookup(config: ml_collections.ConfigDict, key: str) -> Any:
+  """The value at dotted `key` (e.g. 'rollout.top_p'); KeyError if a part is missing."""
+  value = config
+  for part in key.split('.'):
+    value = value[part]
+  return value
+
+
+def did_you_mean(name: str, candidates) -> str:
+  """" (did you mean 'x'?)" for the closest of `candidates` to `name`, or ''."""
+  close = difflib.get_close_matches(name, list(candidates), n=1)
+  return f' (did you mean {close[0]!r}?)' if close else ''
+
+
+def _type_name(value: Any) -> str:
+  return type(value).__name__
+
+
+def _short_repr(value: Any, limit: int = 80) -> str:
+  text = repr(value)
+  return text if len(text) <= limit else text[:limit - 3] + '...'

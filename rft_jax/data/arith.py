@@ -1,0 +1,183 @@
+"""Procedurally generated integer arithmetic as a TFDS dataset.
+
+A problem is ``a op b =`` with ``op`` in ``{+, -, *}``. The prompt string is
+exactly ``f"{a}{op}{b}="`` (e.g. ``"37+48="``, ``"12-45="``, ``"37*8="``) and
+the answer string is ``str(result)`` (possibly negative, e.g. ``"-33"``).
+
+Operand ranges live in an ``ArithConfig`` (a TFDS ``BuilderConfig``); the
+default ``'base'`` config uses ``a, b in [0, 99]`` for ``+``/``-`` and
+``a in [0, 99], b in [0, 9]`` for ``*``. The builder enumerates every distinct
+problem of the config, shuffles them with a fixed numpy seed, and takes the
+first ``NUM_TEST`` as the ``test`` split and the rest as ``train``, so the two
+splits are disjoint and the whole thing is deterministic and offline.
+
+Records are dicts ``{'id': int64, 'prompt': text, 'answer': text, 'op': text}``
+where ``id`` is the problem's index in the shuffled enumeration (test ids are
+``0 .. NUM_TEST-1``). Text fields come back from the data source as ``bytes``
+or ``str`` depending on the TFDS decoder; ``pipeline.py`` normalises them.
+
+Only ``file_format='array_record'`` is used: TensorFlow is not installed, so
+``tfds.load`` does not work; read with ``builder.as_data_source``.
+"""
+
+import dataclasses
+import os
+from typing import Any, Iterator
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+OPS = ('+', '-', '*')
+NUM_TEST = 500
+SHUFFLE_SEED = 20240601
+DATA_DIR_ENV = 'RFT_JAX_DATA_DIR'
+DEFAULT_DATA_DIR = os.path.join('~', '.cache', 'rft_jax', 'tfds')
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """One arithmetic problem; ``prompt``/``answer`` are the task strings."""
+  a: int
+  op: str
+  b: int
+
+  @property
+  def prompt(self) -> str:
+    return f'{self.a}{self.op}{self.b}='
+
+  @property
+  def answer(self) -> str:
+    return str(compute(self.a, self.op, self.b))
+
+
+def compute(a: int, op: str, b: int) -> int:
+  """Reference result of ``a op b`` for ``op`` in ``OPS``."""
+  if op == '+':
+    return a + b
+  if op == '-':
+    return a - b
+  if op == '*':
+    return a * b
+  raise ValueError(f'unknown op {op!r}; expected one of {OPS}')
+
+
+@dataclasses.dataclass
+class ArithConfig(tfds.core.BuilderConfig):
+  """Operand ranges (inclusive, from 0) of an arithmetic curriculum level.
+
+  Attributes:
+    max_a: largest left operand for every op.
+    max_b: largest right operand for ``+`` and ``-``.
+    max_b_mul: largest right operand for ``*``.
+  """
+  max_a: int = 99
+  max_b: int = 99
+  max_b_mul: int = 9
+
+
+BASE_CONFIG = ArithConfig(
+    name='base', description='a in [0,99]; b in [0,99] (+,-), [0,9] (*).')
+
+
+def enumerate_problems(config: ArithConfig = BASE_CONFIG) -> list[Problem]:
+  """All distinct problems of ``config``, in a fixed (unshuffled) order."""
+  problems = []
+  for op in OPS:
+    max_b = config.max_b_mul if op == '*' else config.max_b
+    for a in range(config.max_a + 1):
+      for b in range(max_b + 1):
+        problems.append(Problem(a, op, b))
+  return problems
+
+
+def split_problems(
+    config: ArithConfig = BASE_CONFIG) -> dict[str, list[tuple[int, Problem]]]:
+  """Deterministic disjoint splits as lists of ``(id, problem)``.
+
+  The enumeration is permuted with ``np.random.default_rng(SHUFFLE_SEED)``;
+  ``id`` is the position in that permutation. ``test`` holds ids
+  ``0 .. NUM_TEST-1`` and ``train`` the rest.
+  """
+  problems = enumerate_problems(config)
+  order = np.random.default_rng(SHUFFLE_SEED).permutation(len(problems))
+  shuffled = [(i, problems[j]) for i, j in enumerate(order)]
+  return {'test': shuffled[:NUM_TEST], 'train': shuffled[NUM_TEST:]}
+
+
+def make_corpus(config: ArithConfig = BASE_CONFIG) -> list[str]:
+  """Sorted distinct prompt and answer strings, for tokenizer training."""
+  texts = set()
+  for p in enumerate_problems(config):
+    texts.add(p.prompt)
+    texts.add(p.answer)
+  return sorted(texts)
+
+
+class Arith(tfds.core.GeneratorBasedBuilder):
+  """TFDS builder for the arithmetic task (see module docstring)."""
+
+  VERSION = tfds.core.Version('1.0.0')
+  RELEASE_NOTES = {'1.0.0': 'Initial release.'}
+  BUILDER_CONFIGS = [BASE_CONFIG]
+  DEFAULT_CONFIG_NAME = 'base'
+  # No checksums file to find: this builder downloads nothing. (TFDS's own
+  # code_path lookup also imports `importlib_resources`, absent here.)
+  code_path = None
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    # Explicit DatasetInfo: this builder lives outside a TFDS package dir, so
+    # there is no README/CITATIONS metadata for TFDS to discover.
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description='Procedural integer arithmetic: prompt "a op b=".',
+        features=tfds.features.FeaturesDict({
+            'id': np.int64,
+            'prompt': tfds.features.Text(),
+            'answer': tfds.features.Text(),
+            'op': tfds.features.Text(),
+        }),
+        # Keep generation order on disk so record i of 'test' has id i.
+        disable_shuffling=True,
+    )
+
+  def _split_generators(self, dl_manager: Any) -> dict[str, Iterator[Any]]:
+    del dl_manager  # Nothing to download.
+    splits = split_problems(self.builder_config)
+    return {name: self._generate_examples(items)
+            for name, items in splits.items()}
+
+  def _generate_examples(self, items: list[tuple[int, Problem]]):
+    for pid, p in items:
+      yield pid, {'id': pid, 'prompt': p.prompt, 'answer': p.answer,
+                  'op': p.op}
+
+
+def resolve_data_dir(data_dir: str = '') -> str:
+  """``data_dir``, else ``$RFT_JAX_DATA_DIR``, else ``~/.cache/rft_jax/tfds``.
+  """
+  if not data_dir:
+    data_dir = os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
+  return os.path.expanduser(data_dir)
+
+
+def load_builder(data_dir: str = '', config: str = 'base') -> Arith:
+  """Returns the prepared ``Arith`` builder, generating it on first use."""
+  builder = Arith(config=config, data_dir=resolve_data_dir(data_dir),
+                  file_format='array_record')
+  if not builder.is_prepared():   # generate once (~1 s); later calls only open the files
+    tfds.disable_progress_bar()
+    builder.download_and_prepare(
+        file_format='array_record',
+        download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+  return builder
+
+
+def load_split(split: str, data_dir: str = '', config: str = 'base'):
+  """Random-access data source over one split (``'train'`` or ``'test'``).
+
+  Supports ``len()`` and ``source[i]``; records are dicts with keys
+  ``id, prompt, answer, op`` (text as ``bytes`` or ``str``).
+  """
+  if split not in ('train', 'test'):
+    raise ValueError(f"unknown split {split!r}; expected 'train' or 'test'")
+  return load_builder(data_dir, config).as_data_source(split=split)

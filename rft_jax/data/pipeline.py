@@ -1,0 +1,179 @@
+"""grain pipelines that turn a task data source into model-ready batches.
+
+A source is any random-access sequence of records ``{'id', 'prompt',
+'answer', ...}`` (e.g. ``arith.load_split(...)``, or a list of dicts); text
+may be ``bytes`` or ``str``. Pipelines are
+
+  source -> shard -> shuffle(seed) -> repeat -> map(tokenize) -> batch
+
+built with ``grain.MapDataset``; they return grain ``DatasetIterator``s whose
+``get_state()`` / ``set_state()`` resume the stream exactly (save the state in
+the checkpoint).
+
+Token layout (P = max_prompt_len, A = answer_len, B = batch size):
+
+  prompt_tokens [B, P]   pad ... pad BOS p1 .. pk        (left-padded)
+  tokens        [B, P+A] pad .. BOS p1 .. pk a1 .. am EOS pad ..
+
+so every prompt ends at column P-1 and generation starts at column P.
+"""
+
+import functools
+from typing import Any, Mapping, Sequence
+
+import grain
+import numpy as np
+
+from rft_jax.tokenizer import Tokenizer
+
+# Tokenisation is cheap: a couple of threads and a short prefetch suffice.
+_READ_OPTIONS = grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)
+
+
+def _to_str(value: Any) -> str:
+  if isinstance(value, (bytes, np.bytes_)):
+    return value.decode('utf-8')
+  return str(value)
+
+
+def normalize_record(record: Mapping[str, Any]) -> dict[str, Any]:
+  """``{'id': int, 'prompt': str, 'answer': str}`` from a raw source record."""
+  return {'id': int(record['id']), 'prompt': _to_str(record['prompt']),
+          'answer': _to_str(record['answer'])}
+
+
+def encode_prompt(record: Mapping[str, Any], tokenizer: Tokenizer,
+                  max_prompt_len: int) -> dict[str, Any]:
+  """Tokenises one normalised record's prompt, left-padded to ``P``.
+
+  Returns:
+    ``{'prompt_tokens': int32 [P], 'prompt_mask': int32 [P], 'id': int64 [],
+    'prompt': str, 'answer': str}``; the prompt is BOS then its pieces, no EOS.
+
+  Raises:
+    ValueError: BOS + prompt is longer than ``max_prompt_len``.
+  """
+  ids = tokenizer.encode(record['prompt'], add_bos=True)
+  if len(ids) > max_prompt_len:
+    raise ValueError(
+        f"record id={record['id']}: prompt {record['prompt']!r} is "
+        f'{len(ids)} tokens (with BOS) > max_prompt_len={max_prompt_len}')
+  pad = max_prompt_len - len(ids)
+  tokens = np.full((max_prompt_len,), tokenizer.pad_id, np.int32)
+  tokens[pad:] = ids
+  mask = np.zeros((max_prompt_len,), np.int32)
+  mask[pad:] = 1
+  return {'prompt_tokens': tokens, 'prompt_mask': mask,
+          'id': np.int64(record['id']), 'prompt': record['prompt'],
+          'answer': record['answer']}
+
+
+def encode_sft(record: Mapping[str, Any], tokenizer: Tokenizer,
+               max_prompt_len: int, answer_len: int) -> dict[str, Any]:
+  """Prompt (left-padded to ``P``) + answer + EOS (right-padded to ``A``).
+
+  Returns:
+    ``{'tokens', 'mask', 'loss_mask'}``, each int32 ``[P+A]``, plus ``'id'``,
+    ``'prompt'``, ``'answer'``. ``mask`` is 1 on every real token (BOS, prompt,
+    answer, EOS); ``loss_mask`` is 1 exactly on the answer and EOS positions.
+
+  Raises:
+    ValueError: the prompt exceeds ``P`` or answer + EOS exceeds ``A``.
+  """
+  prompt = encode_prompt(record, tokenizer, max_prompt_len)
+  answer_ids = tokenizer.encode(record['answer'], add_eos=True)
+  if len(answer_ids) > answer_len:
+    raise ValueError(
+        f"record id={record['id']}: answer {record['answer']!r} is "
+        f'{len(answer_ids)} tokens (with EOS) > answer_len={answer_len}')
+  completion = np.full((answer_len,), tokenizer.pad_id, np.int32)
+  completion[:len(answer_ids)] = answer_ids
+  answer_mask = np.zeros((answer_len,), np.int32)
+  answer_mask[:len(answer_ids)] = 1
+  return {
+      'tokens': np.concatenate([prompt['prompt_tokens'], completion]),
+      'mask': np.concatenate([prompt['prompt_mask'], answer_mask]),
+      'loss_mask': np.concatenate(
+          [np.zeros((max_prompt_len,), np.int32), answer_mask]),
+      'id': prompt['id'], 'prompt': prompt['prompt'],
+      'answer': prompt['answer'],
+  }
+
+
+def _records(source: Sequence[Any], *, seed: int, shuffle: bool,
+             num_epochs: int | None, shard_index: int,
+             shard_count: int) -> grain.MapDataset:
+  """source -> shard -> (shuffle) -> repeat -> normalise, as a MapDataset."""
+  if not 0 <= shard_index < shard_count:
+    raise ValueError(
+        f'shard_index={shard_index} not in [0, shard_count={shard_count})')
+  ds = grain.MapDataset.source(source)
+  if shard_count > 1:
+    ds = ds[shard_index::shard_count]
+  if shuffle:
+    ds = ds.shuffle(seed=seed)
+  ds = ds.repeat(num_epochs)
+  return ds.map(normalize_record)
+
+
+def prompt_batches(source: Sequence[Any], tokenizer: Tokenizer, *,
+                   max_prompt_len: int, batch_size: int, seed: int,
+                   shuffle: bool = True, num_epochs: int | None = None,
+                   shard_index: int = 0,
+                   shard_count: int = 1) -> grain.DatasetIterator:
+  """Checkpointable iterator of prompt batches for sampling.
+
+  Each batch: ``'prompt_tokens'`` int32 [B, P] (left-padded, BOS first, no
+  EOS), ``'prompt_mask'`` int32 [B, P], ``'id'`` int64 [B], ``'prompt'`` and
+  ``'answer'`` numpy str arrays [B]. ``num_epochs=None`` repeats forever; a
+  final partial batch is dropped so shapes stay static. Host ``shard_index``
+  of ``shard_count`` reads records ``shard_index::shard_count``.
+  """
+  ds = _records(source, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
+                shard_index=shard_index, shard_count=shard_count)
+  ds = ds.map(functools.partial(encode_prompt, tokenizer=tokenizer,
+                                  max_prompt_len=max_prompt_len))
+  ds = ds.batch(batch_size, drop_remainder=True)
+  return iter(ds.to_iter_dataset(_READ_OPTIONS))
+
+
+def sft_batches(source: Sequence[Any], tokenizer: Tokenizer, *,
+                max_prompt_len: int, answer_len: int, batch_size: int,
+                seed: int, num_epochs: int | None = None,
+                shard_index: int = 0,
+                shard_count: int = 1) -> grain.DatasetIterator:
+  """Checkpointable, shuffled iterator of supervised (prompt, answer) batches.
+
+  Each batch: ``'tokens'``, ``'mask'``, ``'loss_mask'`` int32 [B, P+A] (see
+  ``encode_sft``), ``'id'`` int64 [B], ``'prompt'``/``'answer'`` str [B].
+  """
+  ds = _records(source, seed=seed, shuffle=True, num_epochs=num_epochs,
+                shard_index=shard_index, shard_count=shard_count)
+  ds = ds.map(functools.partial(encode_sft, tokenizer=tokenizer,
+                                  max_prompt_len=max_prompt_len,
+                                  answer_len=answer_len))
+  ds = ds.batch(batch_size, drop_remainder=True)
+  return iter(ds.to_iter_dataset(_READ_OPTIONS))
+
+
+def eval_prompts(source: Sequence[Any], tokenizer: Tokenizer, *,
+                 max_prompt_len: int, num_prompts: int) -> dict[str, Any]:
+  """The first ``num_prompts`` records, in order, as one prompt batch.
+
+  Same keys and layout as a ``prompt_batches`` batch, with B = num_prompts.
+
+  Raises:
+    ValueError: ``num_prompts`` is < 1 or more than the source holds.
+  """
+  if not 1 <= num_prompts <= len(source):
+    raise ValueError(f'num_prompts={num_prompts} not in [1, {len(source)}] '
+                     '(the number of records in the source)')
+  items = [encode_prompt(normalize_record(source[i]), tokenizer,
+                         max_prompt_len) for i in range(num_prompts)]
+  return {
+      'prompt_tokens': np.stack([x['prompt_tokens'] for x in items]),
+      'prompt_mask': np.stack([x['prompt_mask'] for x in items]),
+      'id': np.array([x['id'] for x in items], np.int64),
+      'prompt': np.array([x['prompt'] for x in items], dtype=str),
+      'answer': np.array([x['answer'] for x in items], dtype=str),
+  }

@@ -1,0 +1,200 @@
+r"""Command line entry point: load a recipe, check it, run it.
+
+  python -m rft_jax.main --config configs/grpo_arith.py [--config.a.b=v ...] [--workdir DIR]
+  python -m rft_jax.main --config configs/sft_arith.py:tiny --validate_only
+
+`--config` takes an ml_collections config file (`path.py` or `path.py:arg`, where `arg` goes to
+`get_config(arg)`); `--config.a.b=v` overrides one key, parsed as that key's type. `--workdir`
+defaults to `runs/<config.name>`. A recipe with a `sft` section runs `rft_jax.sft.run`, any other
+runs the RL trainer `rft_jax.trainer.run`. `--validate_only` checks the config, prints
+'config OK' and exits.
+
+Any bad input (a missing or broken config file, an unknown override key, an override that does
+not parse, a config that fails `rft_jax.config.validate`) prints ONE line starting with 'error: '
+on stderr and exits with status 2, without a traceback and without importing JAX.
+"""
+import importlib.util
+import os
+import re
+import sys
+from typing import Any, Sequence
+
+from absl import flags
+import ml_collections
+from ml_collections import config_flags
+
+from rft_jax import config as config_lib
+
+USAGE_ERROR = 2
+_HELP_ARGS = ('-h', '--help', '-help', '--helpshort', '--helpfull')
+
+
+class UsageError(Exception):
+  """Bad command-line input; the message is one line, shown after 'error: '."""
+
+
+def main(argv: Sequence[str]) -> int:
+  """Runs the command line `argv` (argv[0] is the program name); returns the exit status."""
+  argv = list(argv)
+  if any(arg in _HELP_ARGS for arg in argv[1:]):
+    help_text = _define_flags(argv).get_help(include_special_flags=False)
+    print(__doc__.strip() + '\n\n' + help_text)
+    return 0
+  try:
+    config, workdir, validate_only = parse_command_line(argv)
+    config_lib.validate(config)
+  except (UsageError, config_lib.ConfigError) as e:
+    print(f'error: {_one_line(str(e))}', file=sys.stderr)
+    return USAGE_ERROR
+
+  if validate_only:
+    print('config OK')
+    return 0
+  if not flags.FLAGS.is_parsed():  # absl.logging warns until the global flags are parsed.
+    flags.FLAGS.mark_as_parsed()
+  if config_lib.is_sft(config):
+    from rft_jax import sft  # pylint: disable=g-import-not-at-top
+    sft.run(config, workdir)
+  else:
+    from rft_jax import trainer  # pylint: disable=g-import-not-at-top
+    trainer.run(config, workdir)
+  return 0
+
+
+def _define_flags(argv: list[str]) -> flags.FlagValues:
+  """This command's flags, in a fresh FlagValues so that `main` can run more than once."""
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file(
+      'config', None, 'Recipe file, `path.py` or `path.py:arg`.', flag_values=flag_values,
+      lock_config=True, sys_argv=argv)
+  flags.DEFINE_string('workdir', '', "Output directory; '' = runs/<config.name>.",
+                      flag_values=flag_values)
+  flags.DEFINE_bool('validate_only', False, "Check the config, print 'config OK' and exit.",
+                    flag_values=flag_values)
+  return flag_values
+
+
+def parse_command_line(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, str, bool]:
+  """Parses `argv` into (config with overrides applied, workdir, validate_only).
+
+  Raises UsageError with a one-line message naming the bad file, flag or key.
+  """
+  argv = list(argv)
+  spec = _config_argument(argv)
+  if spec is None:
+    raise UsageError('missing --config, e.g. --config configs/grpo_arith.py')
+  # Load the file ourselves first: errors in it are then told apart from errors in overrides,
+  # and the overrides can be checked against the keys it really has.
+  loaded = _load_config_file(spec)
+  for arg, key in _overrides(argv):
+    _check_override_key(loaded, key, arg)
+
+  flag_values = _define_flags(argv)
+  try:
+    rest = flag_values(argv)
+    config = flag_values.config
+  except flags.Error as e:
+    raise UsageError(_flag_error_message(e, loaded)) from None
+  except (AttributeError, KeyError) as e:  # An override key we failed to catch above.
+    raise UsageError(f'unknown config key in overrides: {e}') from None
+  if len(rest) > 1:
+    raise UsageError(f'unexpected argument {rest[1]!r}')
+  workdir = flag_values.workdir or os.path.join('runs', config.name)
+  return config, workdir, flag_values.validate_only
+
+
+def _config_argument(argv: list[str]) -> str | None:
+  """The value given to --config (`path.py` or `path.py:arg`), or None."""
+  for i, arg in enumerate(argv[1:], 1):
+    if arg == '--':
+      break
+    match = re.fullmatch(r'--?config=(.*)', arg)
+    if match:
+      return match.group(1)
+    if arg in ('--config', '-config') and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def _load_config_file(spec: str) -> ml_collections.ConfigDict:
+  """Imports the recipe file and returns its `get_config(arg)`, as ml_collections will."""
+  path, *arg = spec.split(':', 1)
+  if not os.path.isfile(path):
+    raise UsageError(f'config file not found: {path!r} (from --config={spec}; relative to '
+                     f'{os.getcwd()})')
+  _add_import_root(path)
+  try:
+    module_spec = importlib.util.spec_from_file_location('_rft_jax_recipe', path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    config = module.get_config(*arg)
+  except Exception as e:  # pylint: disable=broad-except
+    raise UsageError(f'config file {path!r} failed to load: {type(e).__name__}: '
+                     f'{_one_line(str(e))}') from None
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise UsageError(f'config file {path!r}: get_config() returned {type(config).__name__}, '
+                     'not a ConfigDict')
+  return config
+
+
+def _add_import_root(path: str) -> None:
+  """Lets a recipe in a package dir (configs/) import its siblings as `configs.common`."""
+  directory = os.path.dirname(os.path.abspath(path))
+  if os.path.isfile(os.path.join(directory, '__init__.py')):
+    root = os.path.dirname(directory)
+    if root not in sys.path:
+      sys.path.insert(0, root)
+
+
+def _overrides(argv: list[str]) -> list[tuple[str, str]]:
+  """(argument, dotted key) for each `--config.a.b=v` (or `--noconfig.a.b`) in argv."""
+  found = []
+  for arg in argv[1:]:
+    if arg == '--':
+      break
+    match = re.match(r'-{1,2}(?:no)?config\.([^=]*)', arg)
+    if match:
+      found.append((arg, match.group(1)))
+  return found
+
+
+def _check_override_key(config: ml_collections.ConfigDict, key: str, arg: str) -> None:
+  """Raises UsageError unless `key` (e.g. 'rollout.top_p') names a key of `config`."""
+  node: Any = config
+  parts = key.split('.')
+  for i, part in enumerate(parts):
+    part = re.sub(r'\[.*$', '', part)  # `a.b[0]`-style indexing: check the name only.
+    if not isinstance(node, ml_collections.ConfigDict):
+      parent = '.'.join(parts[:i])
+      raise UsageError(f'unknown config key {key!r} in {arg}: config.{parent}={node!r} '
+                       'is a value, not a section')
+    if part not in node:
+      hint = config_lib.did_you_mean(part, node.keys())
+      raise UsageError(f'unknown config key {key!r} in {arg}{hint}')
+    node = node[part]
+
+
+def _flag_error_message(error: flags.Error, config: ml_collections.ConfigDict) -> str:
+  """One line for an absl flags error, naming the config key when there is one.
+
+  absl reports a value that does not parse as 'flag --config.a.b=VALUE: reason'.
+  """
+  text = _one_line(str(error))
+  match = re.match(r'flag --config\.([^=\s]+)=(.*?): ', text)
+  if not match:
+    return text
+  key, value = match.groups()
+  try:
+    expected = f' as {type(config_lib.lookup(config, key)).__name__}'
+  except (KeyError, AttributeError):
+    expected = ''
+  return f'config.{key}: cannot parse {value!r}{expected} (in --config.{key}={value})'
+
+
+def _one_line(text: str) -> str:
+  lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+  return lines[0] if lines else text.strip()
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv))

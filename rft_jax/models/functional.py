@@ -1,0 +1,62 @@
+"""Pure-function view of the NNX model: split once, merge inside jitted code.
+
+`params` is an `nnx.State` (a pytree of float32 arrays with logical-axis metadata); optax and
+orbax treat it like any pytree.
+"""
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rft_jax.models.llama import Cache, ModelConfig, Transformer
+
+
+def create(cfg: ModelConfig, seed: int = 0):
+  """Randomly initialised model -> (graphdef, params).
+
+  Built with eager sharding off so it works outside a mesh; place params with
+  `jax.device_put(params, shardings)` afterwards (rft_jax.parallel).
+  """
+  with nnx.use_eager_sharding(False):
+    model = Transformer(cfg, nnx.Rngs(seed))
+  graphdef, params = nnx.split(model, nnx.Param)
+  return graphdef, params
+
+
+def abstract_params(cfg: ModelConfig):
+  """(graphdef, params of ShapeDtypeStructs) without allocating or computing anything."""
+  with nnx.use_eager_sharding(False):
+    model = nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(0)))
+  return nnx.split(model, nnx.Param)
+
+
+def positions_from_mask(mask_bt: jax.Array) -> jax.Array:
+  """Position ids for left-padded rows: positions_bt = max(cumsum(mask_bt) - 1, 0)."""
+  return jnp.maximum(jnp.cumsum(mask_bt, axis=-1) - 1, 0).astype(jnp.int32)
+
+
+def forward(graphdef, params, tokens_bt: jax.Array, mask_bt: jax.Array) -> jax.Array:
+  """Full causal forward pass without a cache -> logits [B,T,V] (float32).
+
+  mask_bt [B,T] is 1 on real tokens (left and right padding allowed); pad keys are never attended.
+  """
+  model = nnx.merge(graphdef, params)
+  logits, _ = model(tokens_bt, positions_from_mask(mask_bt), mask_bt.astype(bool))
+  return logits
+
+
+def forward_cached(graphdef, params, tokens_bt, positions_bt, kv_valid_bs, cache: Cache,
+                   cache_index):
+  """Forward T new tokens written into cache slots [cache_index, cache_index + T).
+
+  kv_valid_bs [B,S] marks valid key slots (including the T being written). Returns
+  (logits [B,T,V], updated cache).
+  """
+  model = nnx.merge(graphdef, params)
+  return model(tokens_bt, positions_bt, kv_valid_bs, cache, cache_index)
+
+
+def init_cache(cfg: ModelConfig, batch: int, length: int) -> Cache:
+  """Zeroed KV cache: per layer {'k','v'} of shape [B, S=length, K, D] in the compute dtype."""
+  shape = (batch, length, cfg.num_key_value_heads, cfg.head_dim)
+  return [{'k': jnp.zeros(shape, cfg.compute_dtype), 'v': jnp.zeros(shape, cfg.compute_dtype)}
+          for _ in range(cfg.num_hidden_layers)]

@@ -1,0 +1,194 @@
+"""A decoder-only LM of the Llama / Qwen2 / Mistral family in Flax NNX.
+
+RMSNorm, rotary position embeddings (HF "rotate_half" layout), grouped-query attention, SwiGLU MLP,
+optional q/k/v bias (Qwen2) and optional tied input/output embeddings. Module and parameter names
+follow the HF checkpoints (`embed_tokens`, `layers[i].self_attn.q_proj`, `mlp.gate_proj`, ...), so
+a loader maps `model.layers.3.self_attn.q_proj.weight` to `layers[3].self_attn.q_proj.kernel`
+(transposed: HF stores [out, in], NNX [in, out]).
+
+Shapes use the letters: B batch, T query tokens, S key slots (= T without a cache, = the cache
+length with one), H query heads, K key/value heads, G = H // K, D head dim, E hidden size,
+F MLP size, V vocab.
+
+Every parameter carries logical axis names (`vocab`, `embed`, `heads`, `kv_heads`, `mlp`); the
+parallel package maps them onto the ('data', 'fsdp', 'tensor') mesh.
+"""
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Cache = list[dict[str, jax.Array]]   # one {'k': [B,S,K,D], 'v': [B,S,K,D]} per layer
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Architecture hyper-parameters; field names follow HF `config.json`."""
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_hidden_layers: int
+  num_attention_heads: int
+  num_key_value_heads: int
+  head_dim: int
+  rope_theta: float = 10000.0
+  rms_norm_eps: float = 1e-6
+  tie_word_embeddings: bool = False
+  attention_bias: bool = False
+  max_position_embeddings: int = 2048
+  dtype: str = 'float32'
+
+  @classmethod
+  def from_dict(cls, d: Any) -> 'ModelConfig':
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in dict(d).items() if k in fields})
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  def num_params(self) -> int:
+    e, f, l = self.hidden_size, self.intermediate_size, self.num_hidden_layers
+    q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+    attn = e * q + 2 * e * kv + q * e + (q + 2 * kv if self.attention_bias else 0)
+    layer = attn + 3 * e * f + 2 * e
+    emb = self.vocab_size * e * (1 if self.tie_word_embeddings else 2)
+    return l * layer + emb + e
+
+
+def _dense(rngs, din, dout, axes, *, bias=False, dtype=jnp.float32):
+  init = nnx.with_partitioning(nnx.initializers.normal(0.02), axes)
+  return nnx.Linear(din, dout, use_bias=bias, kernel_init=init,
+                    bias_init=nnx.with_partitioning(nnx.initializers.zeros, axes[1:]),
+                    dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+
+
+class RMSNorm(nnx.Module):
+  """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32."""
+
+  def __init__(self, dim: int, eps: float):
+    self.eps = eps
+    self.weight = nnx.Param(nnx.with_partitioning(nnx.initializers.ones, ('embed',))(
+        jax.random.key(0), (dim,), jnp.float32))
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (y * self.weight[...]).astype(x.dtype)
+
+
+def rope(x_btnd: jax.Array, positions_bt: jax.Array, theta: float) -> jax.Array:
+  """Rotary embedding, HF layout: x*cos + rotate_half(x)*sin with freqs duplicated over halves.
+
+  inv_freq_j = theta^(-2j/D), angle_btj = position_bt * inv_freq_j, j < D/2.
+  """
+  d = x_btnd.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+  angle = positions_bt.astype(jnp.float32)[..., None] * inv_freq            # [B,T,D/2]
+  angle = jnp.concatenate([angle, angle], axis=-1)[:, :, None, :]          # [B,T,1,D]
+  x = x_btnd.astype(jnp.float32)
+  x1, x2 = x[..., : d // 2], x[..., d // 2:]
+  rotated = jnp.concatenate([-x2, x1], axis=-1)
+  return (x * jnp.cos(angle) + rotated * jnp.sin(angle)).astype(x_btnd.dtype)
+
+
+class Attention(nnx.Module):
+  """Grouped-query self-attention with an optional external KV cache."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    e, h, k, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    dt = cfg.compute_dtype
+    self.cfg = cfg
+    self.q_proj = _dense(rngs, e, h * d, ('embed', 'heads'), bias=cfg.attention_bias, dtype=dt)
+    self.k_proj = _dense(rngs, e, k * d, ('embed', 'kv_heads'), bias=cfg.attention_bias, dtype=dt)
+    self.v_proj = _dense(rngs, e, k * d, ('embed', 'kv_heads'), bias=cfg.attention_bias, dtype=dt)
+    self.o_proj = _dense(rngs, h * d, e, ('heads', 'embed'), dtype=dt)
+
+  def __call__(self, x_bte, positions_bt, kv_valid_bs, cache, cache_index):
+    """Returns (out [B,T,E], new layer cache or None).
+
+    kv_valid_bs [B,S] marks key slots holding real tokens. Query t sits in slot cache_index + t
+    and attends to slot s iff kv_valid[b,s] and s <= cache_index + t.
+    """
+    cfg = self.cfg
+    b, t, _ = x_bte.shape
+    h, k, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q = rope(self.q_proj(x_bte).reshape(b, t, h, d), positions_bt, cfg.rope_theta)
+    kk = rope(self.k_proj(x_bte).reshape(b, t, k, d), positions_bt, cfg.rope_theta)
+    v = self.v_proj(x_bte).reshape(b, t, k, d)
+    if cache is not None:
+      kk = jax.lax.dynamic_update_slice_in_dim(cache['k'], kk.astype(cache['k'].dtype),
+                                               cache_index, axis=1)
+      v = jax.lax.dynamic_update_slice_in_dim(cache['v'], v.astype(cache['v'].dtype),
+                                              cache_index, axis=1)
+      cache = {'k': kk, 'v': v}
+    s = kk.shape[1]
+    q = q.reshape(b, t, k, h // k, d)
+    scores = jnp.einsum('btkgd,bskd->bkgts', q, kk).astype(jnp.float32) / jnp.sqrt(d)
+    slot_q = cache_index + jnp.arange(t)
+    allowed = (jnp.arange(s)[None, :] <= slot_q[:, None])[None] & kv_valid_bs[:, None, :]  # [B,T,S]
+    scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum('bkgts,bskd->btkgd', probs, v).reshape(b, t, h * d)
+    return self.o_proj(out), cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    e, f, dt = cfg.hidden_size, cfg.intermediate_size, cfg.compute_dtype
+    self.gate_proj = _dense(rngs, e, f, ('embed', 'mlp'), dtype=dt)
+    self.up_proj = _dense(rngs, e, f, ('embed', 'mlp'), dtype=dt)
+    self.down_proj = _dense(rngs, f, e, ('mlp', 'embed'), dtype=dt)
+
+  def __call__(self, x):
+    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+    self.self_attn = Attention(cfg, rngs)
+    self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+    self.mlp = MLP(cfg, rngs)
+
+  def __call__(self, x, positions_bt, kv_valid_bs, cache, cache_index):
+    a, cache = self.self_attn(self.input_layernorm(x), positions_bt, kv_valid_bs, cache,
+                              cache_index)
+    x = x + a
+    return x + self.mlp(self.post_attention_layernorm(x)), cache
+
+
+class Transformer(nnx.Module):
+  """Token ids [B,T] -> logits [B,T,V] (float32)."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed_tokens = nnx.Embed(
+        cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
+        embedding_init=nnx.with_partitioning(nnx.initializers.normal(0.02), ('vocab', 'embed')),
+        rngs=rngs)
+    self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_hidden_layers)])
+    self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+    if not cfg.tie_word_embeddings:
+      self.lm_head = _dense(rngs, cfg.hidden_size, cfg.vocab_size, ('embed', 'vocab'),
+                            dtype=cfg.compute_dtype)
+
+  def __call__(self, tokens_bt, positions_bt, kv_valid_bs, cache: Cache | None = None,
+               cache_index=0):
+    x = self.embed_tokens(tokens_bt)
+    new_cache = [] if cache is not None else None
+    for i, layer in enumerate(self.layers):
+      x, c = layer(x, positions_bt, kv_valid_bs, None if cache is None else cache[i], cache_index)
+      if cache is not None:
+        new_cache.append(c)
+    x = self.norm(x)
+    if self.cfg.tie_word_embeddings:
+      logits = self.embed_tokens.attend(x)
+    else:
+      logits = self.lm_head(x)
+    return logits.astype(jnp.float32), new_cache

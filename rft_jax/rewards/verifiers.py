@@ -1,0 +1,93 @@
+"""Rule-based verifiers: pure-Python functions that score one completion.
+
+A verifier has the signature `fn(completion: str, answer: str) -> float`, where `completion` is the
+decoded model output (already cut at EOS) and `answer` is the reference answer string. Verifiers
+are registered by name with `@register_verifier('name')` and looked up in `VERIFIERS`.
+
+Verifiers run in worker processes (see `rft_jax.rewards.runner`), so they must be module-level
+functions: the runner pickles them by module path and name, and the worker imports that module.
+A verifier signals bad input (e.g. a malformed reference answer) by raising; the runner records
+that as an error for the sample instead of scoring it 0.
+
+Built-in verifiers for the arithmetic task (prompts like "37+48=", answers like "85" or "-33"):
+  correct: 1.0 iff the completion is exactly the integer answer (surrounding whitespace allowed).
+  format:  1.0 iff the completion is a bare integer of at most 6 digits.
+"""
+import re
+from typing import Callable
+
+Verifier = Callable[[str, str], float]
+
+VERIFIERS: dict[str, Verifier] = {}
+
+# A bare ASCII integer with an optional minus sign. `[0-9]`, not `\d`: `\d` also matches
+# non-ASCII digits such as '٨', which `int()` would happily accept.
+_INT_RE = re.compile(r'-?[0-9]+')
+
+FORMAT_MAX_DIGITS = 6
+
+
+def register_verifier(name: str) -> Callable[[Verifier], Verifier]:
+  """Decorator that registers `fn` under `name` in `VERIFIERS` and returns it unchanged.
+
+  Registering the same function again (its module imported twice, e.g. in a worker process) is
+  allowed; registering a different function under a taken name raises ValueError.
+  """
+  def wrap(fn: Verifier) -> Verifier:
+    old = VERIFIERS.get(name)
+    if old is not None and _qualified_name(old) != _qualified_name(fn):
+      raise ValueError(f'verifier {name!r} is registered twice: '
+                       f'{_qualified_name(old)} and {_qualified_name(fn)}')
+    VERIFIERS[name] = fn
+    return fn
+  return wrap
+
+
+def get_verifier(name: str) -> Verifier:
+  """Returns the verifier registered as `name`; KeyError listing the known names otherwise."""
+  if name not in VERIFIERS:
+    raise KeyError(f'unknown verifier {name!r}; known: {", ".join(sorted(VERIFIERS))}')
+  return VERIFIERS[name]
+
+
+def _qualified_name(fn: Callable) -> str:
+  return f'{getattr(fn, "__module__", "?")}.{getattr(fn, "__qualname__", repr(fn))}'
+
+
+def _canonical_int(text: str) -> str | None:
+  """Canonical form of a bare integer string ('-007' -> '-7', '-0' -> '0'), or None.
+
+  Compares integers as strings rather than with `int()`, which accepts '1_000', '+5' and
+  non-ASCII digits and refuses strings longer than 4300 digits.
+  """
+  if not _INT_RE.fullmatch(text):
+    return None
+  negative = text.startswith('-')
+  digits = text.lstrip('-').lstrip('0') or '0'
+  return '-' + digits if negative and digits != '0' else digits
+
+
+@register_verifier('correct')
+def correct(completion: str, answer: str) -> float:
+  """1.0 iff `completion.strip()` is an integer equal to the integer `answer`, else 0.0.
+
+  Strict: '85', ' 85 ' and '085' match answer '85'; '85.0', '8 5', '+85', '85!' and '' do not.
+  Raises ValueError if `answer` itself is not an integer (a data bug, not a wrong completion).
+  """
+  want = _canonical_int(answer.strip())
+  if want is None:
+    raise ValueError(f'reference answer is not an integer: {answer!r}')
+  return 1.0 if _canonical_int(completion.strip()) == want else 0.0
+
+
+@register_verifier('format')
+def format_ok(completion: str, answer: str) -> float:
+  """1.0 iff `completion.strip()` matches ^-?[0-9]+$ with at most 6 digits, else 0.0.
+
+  Leading zeros count as digits. `answer` is unused; it is part of the verifier signature.
+  """
+  del answer
+  text = completion.strip()
+  if not _INT_RE.fullmatch(text):
+    return 0.0
+  return 1.0 if len(text.lstrip('-')) <= FORMAT_MAX_DIGITS else 0.0

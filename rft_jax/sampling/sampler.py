@@ -1,0 +1,132 @@
+"""Jitted autoregressive sampling: one prefill, then a `lax.while_loop` decode over a KV cache.
+
+Prompts arrive left-padded ([B,P] tokens and mask), so every row's next token goes into the same
+cache slot P + i; each row keeps its own position ids (prompt_len_b + i). The loop stops early once
+every row has emitted EOS. Shapes: B rows, P prompt slots, T = max_new_tokens, V vocab.
+"""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from rft_jax.models import functional as lm
+from rft_jax.models.llama import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  max_new_tokens: int
+  eos_id: int
+  pad_id: int
+  temperature: float = 1.0   # 0 = greedy
+  top_k: int = 0             # 0 = off
+  top_p: float = 1.0         # 1.0 = off
+
+
+@struct.dataclass
+class Rollout:
+  """Completions for B rows.
+
+  tokens_bt: sampled ids, pad after EOS. logp_bt: log-prob of each sampled token under the
+  distribution actually sampled from (after temperature, top-k, top-p; for greedy, the untempered
+  model distribution); 0 where mask is 0. mask_bt: 1 on generated tokens up to and including EOS.
+  truncated_b: True where no EOS came within T tokens.
+  """
+  prompt_tokens_bp: jax.Array
+  prompt_mask_bp: jax.Array
+  tokens_bt: jax.Array
+  logp_bt: jax.Array
+  mask_bt: jax.Array
+  truncated_b: jax.Array
+
+  @property
+  def lengths_b(self) -> jax.Array:
+    return self.mask_bt.sum(-1)
+
+
+def filter_logits(logits_bv: jax.Array, top_k: int, top_p: float) -> jax.Array:
+  """Sets logits outside the top-k and outside the top-p nucleus to -inf (static k, p).
+
+  Nucleus: keep the smallest set of highest-probability tokens whose mass reaches top_p (the
+  token that crosses the threshold is kept).
+  """
+  neg = jnp.finfo(logits_bv.dtype).min
+  if top_k > 0:
+    kth = jax.lax.top_k(logits_bv, top_k)[0][:, -1:]
+    logits_bv = jnp.where(logits_bv < kth, neg, logits_bv)
+  if top_p < 1.0:
+    sorted_desc = jnp.sort(logits_bv, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(sorted_desc, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep_sorted = mass_before < top_p
+    threshold = jnp.min(jnp.where(keep_sorted, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+    logits_bv = jnp.where(logits_bv < threshold, neg, logits_bv)
+  return logits_bv
+
+
+def choose(logits_bv: jax.Array, rng: jax.Array, cfg: SamplingConfig):
+  """Draws one token per row -> (token_b, logp_b of it under the sampled distribution)."""
+  if cfg.temperature == 0.0:
+    token = jnp.argmax(logits_bv, axis=-1)
+    logp_v = jax.nn.log_softmax(logits_bv, axis=-1)
+  else:
+    logp_v = jax.nn.log_softmax(
+        filter_logits(logits_bv / cfg.temperature, cfg.top_k, cfg.top_p), axis=-1)
+    token = jax.random.categorical(rng, logp_v, axis=-1)
+  return token.astype(jnp.int32), jnp.take_along_axis(logp_v, token[:, None], axis=-1)[:, 0]
+
+
+def sample(graphdef, params, prompt_tokens_bp, prompt_mask_bp, rng, *, model_cfg: ModelConfig,
+           cfg: SamplingConfig) -> Rollout:
+  """Samples T = cfg.max_new_tokens tokens after each left-padded prompt. Pure; jit it."""
+  b, p = prompt_tokens_bp.shape
+  t_max = cfg.max_new_tokens
+  prompt_len_b = prompt_mask_bp.sum(-1).astype(jnp.int32)
+  kv_valid_bs = jnp.concatenate([prompt_mask_bp.astype(bool), jnp.ones((b, t_max), bool)], 1)
+  cache = lm.init_cache(model_cfg, b, p + t_max)
+  logits, cache = lm.forward_cached(graphdef, params, prompt_tokens_bp,
+                                    lm.positions_from_mask(prompt_mask_bp), kv_valid_bs, cache, 0)
+
+  def cond(carry):
+    i, _, _, done_b, *_ = carry
+    return (i < t_max) & ~jnp.all(done_b)
+
+  def body(carry):
+    i, logits_bv, cache, done_b, tokens_bt, logp_bt, rng = carry
+    rng, step_rng = jax.random.split(rng)
+    token_b, logp_b = choose(logits_bv, step_rng, cfg)
+    token_b = jnp.where(done_b, cfg.pad_id, token_b)
+    logp_b = jnp.where(done_b, 0.0, logp_b)
+    tokens_bt = tokens_bt.at[:, i].set(token_b)
+    logp_bt = logp_bt.at[:, i].set(logp_b)
+    done_b = done_b | (token_b == cfg.eos_id)
+    logits_b1v, cache = lm.forward_cached(graphdef, params, token_b[:, None],
+                                          (prompt_len_b + i)[:, None], kv_valid_bs, cache, p + i)
+    return i + 1, logits_b1v[:, 0], cache, done_b, tokens_bt, logp_bt, rng
+
+  init = (jnp.int32(0), logits[:, -1], cache, jnp.zeros((b,), bool),
+          jnp.full((b, t_max), cfg.pad_id, jnp.int32), jnp.zeros((b, t_max), jnp.float32), rng)
+  _, _, _, done_b, tokens_bt, logp_bt, _ = jax.lax.while_loop(cond, body, init)
+  # Mask: tokens up to and including the first EOS. Slots never written (early exit) only exist
+  # when every row is done, so they all lie after an EOS.
+  is_eos = tokens_bt == cfg.eos_id
+  mask_bt = ((jnp.cumsum(is_eos, axis=-1) - is_eos) == 0).astype(jnp.int32)
+  return Rollout(prompt_tokens_bp=prompt_tokens_bp, prompt_mask_bp=prompt_mask_bp,
+                 tokens_bt=tokens_bt, logp_bt=logp_bt * mask_bt, mask_bt=mask_bt,
+                 truncated_b=~done_b)
+
+
+def make_sampler(graphdef, model_cfg: ModelConfig, cfg: SamplingConfig, group_size: int = 1):
+  """jit(fn(params, prompt_tokens_bp, prompt_mask_bp, rng) -> Rollout over B*group_size rows).
+
+  With group_size G, each prompt is repeated G times consecutively: rows [g*G, (g+1)*G) are the
+  group of prompt g.
+  """
+  def fn(params, prompt_tokens_bp, prompt_mask_bp, rng):
+    if group_size > 1:
+      prompt_tokens_bp = jnp.repeat(prompt_tokens_bp, group_size, axis=0)
+      prompt_mask_bp = jnp.repeat(prompt_mask_bp, group_size, axis=0)
+    return sample(graphdef, params, prompt_tokens_bp, prompt_mask_bp, rng,
+                  model_cfg=model_cfg, cfg=cfg)
+  return jax.jit(fn)

@@ -1,0 +1,12 @@
+"""Host-side conversion of sampled token ids back to text."""
+import numpy as np
+
+
+def decode_completions(tokenizer, tokens_bt, mask_bt) -> list[str]:
+  """Completion text of each row: the masked tokens, EOS excluded, decoded by the tokenizer."""
+  tokens_bt, mask_bt = np.asarray(tokens_bt), np.asarray(mask_bt)
+  out = []
+  for row, keep in zip(tokens_bt, mask_bt):
+    ids = [int(t) for t, k in zip(row, keep) if k and t != tokenizer.eos_id]
+    out.append(tokenizer.decode(ids))
+  return out

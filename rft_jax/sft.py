@@ -1,0 +1,74 @@
+"""The SFT loop (configs/sft_arith.py): builds the base policy that RL recipes start from.
+
+Same workdir layout, resume and telemetry as rft_jax/trainer.py, whose run helpers it reuses.
+`python -m tools.export_base WORKDIR` then writes the final params as a standalone checkpoint.
+"""
+import functools
+import os
+import time
+
+import jax
+import numpy as np
+
+from rft_jax import components, evaluation, trainer
+from rft_jax.algorithms import sft as sft_step
+from rft_jax.algorithms import train_state as ts
+from rft_jax.data import pipeline
+from rft_jax.parallel import mesh as meshlib
+
+
+def run(config, workdir: str, hooks_extra=()) -> dict:
+  """Trains config's SFT recipe in workdir (resuming if possible). Returns summary.json's dict."""
+  t_start = time.time()
+  os.makedirs(workdir, exist_ok=True)
+  c = components.build(config)
+  if config.sft.batch_size % meshlib.batch_divisor(c.mesh):
+    raise components.SetupError(f'config.sft.batch_size={config.sft.batch_size} is not divisible '
+                                f'by data*fsdp={meshlib.batch_divisor(c.mesh)}')
+  tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
+  data_it = pipeline.sft_batches(
+      c.train_source, c.tokenizer, max_prompt_len=config.task.max_prompt_len,
+      answer_len=config.sft.answer_len, batch_size=config.sft.batch_size, seed=config.seed,
+      shard_index=jax.process_index(), shard_count=jax.process_count())
+  opened = trainer.open_run(config, workdir, c, tx, data_it, hooks_extra)
+  state, shardings, ckpt, meta, hooks, start = opened
+  total = config.train.steps
+  if start >= total and 'final_eval' in meta:
+    return trainer.finish_complete_run(config, workdir, opened)
+
+  batch_sh, rep = meshlib.batch_sharding(c.mesh), meshlib.replicated(c.mesh)
+  step_fn = jax.jit(functools.partial(sft_step.train_step, graphdef=c.graphdef, tx=tx,
+                                      schedule=schedule),
+                    in_shardings=(shardings, batch_sh), out_shardings=(shardings, rep),
+                    donate_argnums=0)
+  evaluator = evaluation.Evaluator(
+      c.graphdef, c.model_cfg, c.tokenizer, components.eval_batch(c, config),
+      max_new_tokens=config.sft.answer_len, k=config.eval.k,
+      temperature=config.eval.temperature, seed=config.seed)
+  if 'base_eval' not in meta:
+    meta['base_eval'] = evaluator(state.params)
+  wall_before = meta.get('wall_s', 0.0)
+  for step in range(start + 1, total + 1):
+    t0 = time.time()
+    raw = next(data_it)
+    batch = {k: raw[k] for k in ('tokens', 'mask', 'loss_mask')}
+    state, metrics = step_fn(state, batch)
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    if not np.isfinite(metrics['loss']):
+      raise trainer.TrainingError(
+          f'non-finite loss at step {step}; last good checkpoint '
+          f'(step {ckpt.latest_step() or "none"}) kept in {workdir}')
+    dt = time.time() - t0
+    metrics.update({'time/step_s': dt,
+                    'throughput/tokens_per_s': float(np.asarray(batch['mask']).sum()) / dt})
+    hooks.on_step(step, metrics)
+    if step % config.train.eval_every == 0 or step == total:
+      result = evaluator(state.params)
+      hooks.on_eval(step, result)
+      meta['final_eval' if step == total else 'last_eval'] = result
+    if step % config.train.ckpt_every == 0 or step == total:
+      meta['wall_s'] = wall_before + time.time() - t_start
+      ckpt.save(step, state, data_it.get_state(), meta)
+  summary = trainer.make_summary(config, meta['base_eval'], meta['final_eval'], total,
+                                 wall_before + time.time() - t_start)
+  return trainer.finish_run(config, workdir, summary, hooks, ckpt)

@@ -1,0 +1,184 @@
+"""One-image summary of a run from its metrics.jsonl (see `sinks.JsonlSink`).
+
+A 2x3 grid: reward mean (+- std band), KL, entropy, response length (mean and
+max), grad norm, and eval accuracy. Train series are drawn raw (faint) with a
+debiased EMA on top; a panel whose series are absent says 'no data'.
+
+Uses the object-oriented matplotlib API with the Agg canvas (no pyplot global
+state), so it is safe in headless processes, threads and notebooks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from rft_jax.telemetry.sinks import read_jsonl
+
+_RAW_ALPHA = 0.35
+_MARKER_MAX_POINTS = 100
+
+
+def ema(values: Sequence[float], weight: float = 0.6) -> list[float]:
+  """TensorBoard-style debiased exponential moving average.
+
+  s_t = w * s_{t-1} + (1 - w) * x_t, reported as s_t / (1 - w^n) where n is
+  the count of finite values so far. Non-finite inputs yield NaN at their
+  position and leave the running state unchanged.
+  """
+  out, state, count = [], 0.0, 0
+  for x in values:
+    if not math.isfinite(x):
+      out.append(math.nan)
+      continue
+    state = weight * state + (1.0 - weight) * x
+    count += 1
+    out.append(state / (1.0 - weight ** count))
+  return out
+
+
+def _series(records: list[dict[str, Any]],
+            key: str) -> tuple[list[int], list[float]]:
+  """(steps, values) of `key` over `records`; non-finite values become NaN."""
+  steps, values = [], []
+  for record in records:
+    value = record.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+      continue
+    value = float(value)
+    steps.append(int(record['step']))
+    values.append(value if math.isfinite(value) else math.nan)
+  return steps, values
+
+
+def _has_data(values: Sequence[float]) -> bool:
+  return any(math.isfinite(v) for v in values)
+
+
+def _no_data(ax, title: str) -> None:
+  ax.set_title(title)
+  ax.text(0.5, 0.5, 'no data', ha='center', va='center',
+          transform=ax.transAxes, color='gray', fontsize=12)
+  ax.set_xticks([])
+  ax.set_yticks([])
+
+
+def _plot_smoothed(ax, steps, values, label: str, color: str) -> None:
+  """Faint raw line plus an EMA line in the same color.
+
+  Short series get point markers so values isolated by NaN gaps stay
+  visible; the EMA line skips the NaN steps instead of breaking at them.
+  """
+  marker = '.' if len(values) <= _MARKER_MAX_POINTS else None
+  ax.plot(steps, values, color=color, alpha=_RAW_ALPHA, linewidth=1,
+          marker=marker, markersize=6)
+  finite = [(s, v) for s, v in zip(steps, ema(values)) if math.isfinite(v)]
+  ax.plot([s for s, _ in finite], [v for _, v in finite], color=color,
+          linewidth=1.8, label=label)
+
+
+def _train_panel(ax, records, title: str,
+                 series: Sequence[tuple[str, str]]) -> None:
+  """Draws each (key, label) train series that has data, else 'no data'."""
+  colors = ('tab:blue', 'tab:orange', 'tab:green')
+  drawn = 0
+  for (key, label), color in zip(series, colors):
+    steps, values = _series(records, key)
+    if _has_data(values):
+      _plot_smoothed(ax, steps, values, label, color)
+      drawn += 1
+  if not drawn:
+    _no_data(ax, title)
+    return
+  ax.set_title(title)
+  ax.set_xlabel('step')
+  ax.grid(alpha=0.3)
+  if drawn > 1:
+    ax.legend(fontsize=8)
+
+
+def _reward_panel(ax, records) -> None:
+  """Reward mean with a mean +- std band when the std series is present."""
+  steps, mean = _series(records, 'reward/mean')
+  if not _has_data(mean):
+    _no_data(ax, 'reward')
+    return
+  std_by_step = dict(zip(*_series(records, 'reward/std')))
+  if std_by_step:
+    std = [std_by_step.get(s, math.nan) for s in steps]
+    ax.fill_between(steps, [m - s for m, s in zip(mean, std)],
+                    [m + s for m, s in zip(mean, std)],
+                    color='tab:blue', alpha=0.15, linewidth=0, label='+- std')
+  _plot_smoothed(ax, steps, mean, 'mean', 'tab:blue')
+  ax.set_title('reward')
+  ax.set_xlabel('step')
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+
+
+def _grad_norm_panel(ax, records) -> None:
+  """Grad norm; log y-axis when positive values span over two decades."""
+  _train_panel(ax, records, 'grad norm', [('grad_norm', 'grad norm')])
+  finite = [v for v in _series(records, 'grad_norm')[1]
+            if math.isfinite(v) and v > 0]
+  if finite and max(finite) / min(finite) > 100:
+    ax.set_yscale('log')
+
+
+def _eval_panel(ax, records) -> None:
+  """Every eval key containing 'acc' (greedy, mean@k, ...) versus step."""
+  keys = sorted({k for r in records for k in r if 'acc' in k})
+  markers = ('o', 's', '^', 'D', 'v', 'P')
+  drawn = 0
+  for i, key in enumerate(keys):
+    steps, values = _series(records, key)
+    if not _has_data(values):
+      continue
+    label = key.removeprefix('eval/').removesuffix('_acc')
+    ax.plot(steps, values, marker=markers[i % len(markers)], markersize=4,
+            linewidth=1.2, label=label)
+    drawn += 1
+  if not drawn:
+    _no_data(ax, 'eval accuracy')
+    return
+  ax.set_title('eval accuracy')
+  ax.set_xlabel('step')
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+
+
+def plot_run(jsonl_path: str | os.PathLike, png_path: str | os.PathLike,
+             title: str = '') -> None:
+  """Renders the 2x3 summary grid of a run's metrics.jsonl to `png_path`.
+
+  Args:
+    jsonl_path: a file written by `JsonlSink`.
+    png_path: the PNG to write (parent directories are created).
+    title: figure title; defaults to the JSONL file's directory name.
+  """
+  records = read_jsonl(jsonl_path)
+  train = [r for r in records if r.get('kind') == 'train']
+  evals = [r for r in records if r.get('kind') == 'eval']
+
+  fig = Figure(figsize=(15, 8.5), layout='constrained')
+  FigureCanvasAgg(fig)
+  axes = fig.subplots(2, 3)
+  _reward_panel(axes[0, 0], train)
+  _train_panel(axes[0, 1], train, 'KL', [('kl', 'kl')])
+  _train_panel(axes[0, 2], train, 'entropy', [('entropy', 'entropy')])
+  _train_panel(axes[1, 0], train, 'response length',
+               [('response/len_mean', 'mean'), ('response/len_max', 'max')])
+  _grad_norm_panel(axes[1, 1], train)
+  _eval_panel(axes[1, 2], evals)
+
+  if not title:
+    title = os.path.basename(os.path.dirname(os.path.abspath(jsonl_path)))
+  fig.suptitle(title)
+  png_path = os.fspath(png_path)
+  os.makedirs(os.path.dirname(os.path.abspath(png_path)), exist_ok=True)
+  fig.savefig(png_path, dpi=110, format='png')

@@ -1,0 +1,378 @@
+"""Telemetry sinks: console progress, a JSONL log, TensorBoard scalars.
+
+Each sink is a `Hook`; `make_sinks` bundles the usual set into a `HookList`.
+
+JSONL format (one object per line, flushed as it is written)::
+
+  {"step": 0,  "kind": "start", "total_steps": 150, "config": {...}}
+  {"step": 12, "kind": "train", "reward/mean": 0.5, "kl": 0.003, ...}
+  {"step": 20, "kind": "eval", "eval/greedy_acc": 0.41}
+  {"step": 20, "kind": "message", "text": "resumed from step 20"}
+  {"step": 150, "kind": "end", "steps": 150, "wall_s": 812.4, ...}
+
+Non-finite floats are written as the JSON strings "NaN", "Infinity" and
+"-Infinity" (plain JSON has no such numbers; strings keep NaN and +-inf
+apart, which null would not). `read_jsonl` turns them back into floats.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import numbers
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress,
+                           SpinnerColumn, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+from rich.table import Table
+
+from rft_jax.telemetry.hooks import Hook, HookList
+
+DEFAULT_CONSOLE_KEYS = (('reward/mean', 'reward'), ('kl', 'kl'),
+                        ('entropy', 'entropy'), ('response/len_mean', 'len'))
+
+_NONFINITE_TO_JSON = {'nan': 'NaN', 'inf': 'Infinity', '-inf': '-Infinity'}
+_JSON_TO_NONFINITE = {'NaN': math.nan, 'Infinity': math.inf,
+                      '-Infinity': -math.inf}
+_TEXT_FIELDS = ('kind', 'text')  # string fields never decoded as numbers
+
+
+def format_value(value: Any) -> str:
+  """Formats a metric compactly: 3 significant digits, no exponent for big numbers."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    return str(value)
+  if isinstance(value, numbers.Integral):
+    return str(int(value))
+  value = float(value)
+  if not math.isfinite(value):
+    return str(value)  # 'nan', 'inf', '-inf'
+  if abs(value) >= 1000:
+    return f'{value:.0f}'
+  return f'{value:.3g}'
+
+
+def format_summary_value(key: str, value: Any) -> str:
+  """Like `format_value`, but fractions whose key contains 'acc' become percentages."""
+  if ('acc' in key and isinstance(value, numbers.Real)
+      and not isinstance(value, (bool, numbers.Integral))
+      and math.isfinite(float(value))):
+    return f'{100.0 * float(value):.1f}%'
+  return format_value(value)
+
+
+# ----------------------------------------------------------------------------
+# Console.
+
+
+class ConsoleSink(Hook):
+  """Live progress bar on a terminal; a plain line every ~5% of the run otherwise.
+
+  Eval results and messages are printed above the bar; `on_end` prints a
+  summary table. Missing metric keys are skipped and NaN prints as 'nan'.
+  """
+
+  def __init__(self, keys: Sequence[tuple[str, str]] = DEFAULT_CONSOLE_KEYS,
+               console: Console | None = None, total_steps: int = 0):
+    """Args:
+      keys: (metric name, short label) pairs shown with each step.
+      console: where to print; defaults to a rich Console on stdout.
+      total_steps: fallback total if `on_step` arrives without `on_start`.
+    """
+    self.keys = tuple(keys)
+    self.console = console if console is not None else Console()
+    self.total_steps = total_steps
+    self._live = self.console.is_terminal or self.console.is_jupyter
+    self._progress: Progress | None = None
+    self._task = None
+    self._started = False
+    self._t0 = time.monotonic()
+    self._start_step = 0
+    self._last_step = 0
+    self._last_printed = -1
+    self._last_values = ''
+
+  def on_start(self, step, total_steps, config_summary):
+    self.total_steps = total_steps
+    self._t0 = time.monotonic()
+    self._start_step = self._last_step = step
+    self._started = True
+    if config_summary:
+      text = '  '.join(f'{k}={v}' for k, v in config_summary.items())
+      self.console.print(text, markup=False, highlight=False)
+    if self._live:
+      self._progress = Progress(
+          SpinnerColumn(), TextColumn('[bold]train'), BarColumn(),
+          MofNCompleteColumn(), TextColumn('steps'), TimeElapsedColumn(), TextColumn('<'),
+          TimeRemainingColumn(), TextColumn('{task.fields[values]}'),
+          console=self.console, transient=False)
+      self._task = self._progress.add_task(
+          'train', total=max(total_steps, 1), completed=step, values='')
+      self._progress.start()
+
+  def _values_text(self, metrics: Mapping[str, float]) -> str:
+    parts = [f'{label} {format_value(metrics[key])}'
+             for key, label in self.keys if key in metrics]
+    return '  '.join(parts)
+
+  def _step_line(self, step: int) -> str:
+    elapsed = time.monotonic() - self._t0
+    values = f'  {self._last_values}' if self._last_values else ''
+    return f'step {step}/{self.total_steps}{values}  ({elapsed:.1f} s)'
+
+  def on_step(self, step, metrics):
+    if not self._started:
+      self.on_start(step - 1, max(self.total_steps, step), {})
+    self._last_step = step
+    self._last_values = self._values_text(metrics)
+    if self._progress is not None:
+      self._progress.update(self._task, completed=step, values=self._last_values)
+      return
+    every = max(1, self.total_steps // 20)
+    if (step % every == 0 or step >= self.total_steps
+        or step == self._start_step + 1):
+      self._print_step_line(step)
+
+  def _print_step_line(self, step: int) -> None:
+    self.console.print(self._step_line(step), markup=False, highlight=False)
+    self._last_printed = step
+
+  def on_eval(self, step, results):
+    parts = [f'{key.removeprefix("eval/")} {format_summary_value(key, value)}'
+             for key, value in results.items()]
+    self.console.print(f'eval @ step {step}:  ' + '  '.join(parts),
+                       markup=False, highlight=False)
+
+  def on_message(self, text):
+    self.console.print(text, markup=False, highlight=False)
+
+  def _stop_progress(self) -> None:
+    if self._progress is not None:
+      self._progress.stop()
+      self._progress = None
+
+  def on_end(self, summary):
+    self._stop_progress()
+    if not self._live and self._started and self._last_printed != self._last_step:
+      self._print_step_line(self._last_step)
+    table = Table(title='run summary', show_header=True)
+    table.add_column('metric')
+    table.add_column('value', justify='right')
+    for key, value in summary.items():
+      table.add_row(str(key), format_summary_value(str(key), value))
+    self.console.print(table)
+
+  def close(self):
+    self._stop_progress()
+
+
+# ----------------------------------------------------------------------------
+# JSONL.
+
+
+def _to_json(value: Any) -> Any:
+  """Converts `value` (numpy/jax scalars included) to JSON-safe Python."""
+  if value is None or isinstance(value, (bool, str)):
+    return value
+  if isinstance(value, numbers.Integral):
+    return int(value)
+  if isinstance(value, numbers.Real):
+    value = float(value)
+    return value if math.isfinite(value) else _NONFINITE_TO_JSON[str(value)]
+  if isinstance(value, Mapping):
+    return {str(k): _to_json(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_to_json(v) for v in value]
+  if hasattr(value, 'item') and getattr(value, 'size', None) == 1:
+    return _to_json(value.item())
+  return str(value)
+
+
+def _from_json(value: Any) -> Any:
+  """Inverse of `_to_json` for the non-finite float markers."""
+  if isinstance(value, str):
+    return _JSON_TO_NONFINITE.get(value, value)
+  if isinstance(value, dict):
+    return {k: _from_json(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return [_from_json(v) for v in value]
+  return value
+
+
+def _decode_line(line: str) -> dict[str, Any] | None:
+  """Parses one JSONL line; None for blank or torn (half-written) lines."""
+  line = line.strip()
+  if not line:
+    return None
+  try:
+    record = json.loads(line)
+  except json.JSONDecodeError:
+    return None
+  if not isinstance(record, dict):
+    return None
+  return {k: (v if k in _TEXT_FIELDS else _from_json(v))
+          for k, v in record.items()}
+
+
+def read_jsonl(path: str | os.PathLike,
+               kind: str | None = None) -> list[dict[str, Any]]:
+  """Reads a JsonlSink file; NaN/inf markers come back as floats.
+
+  Args:
+    path: the file.
+    kind: keep only records of this kind ('train', 'eval', ...); None keeps all.
+  Returns:
+    The records in file order. Unparseable lines (a write torn by a crash)
+    are skipped.
+  """
+  records = []
+  with open(path, encoding='utf-8') as f:
+    for line in f:
+      record = _decode_line(line)
+      if record is not None and (kind is None or record.get('kind') == kind):
+        records.append(record)
+  return records
+
+
+class JsonlSink(Hook):
+  """Appends one JSON object per event to `path`, flushing every line.
+
+  With `resume_step > 0`, lines logged after step `resume_step` by an earlier
+  (crashed) run are dropped first, so the resumed run does not duplicate them.
+  """
+
+  def __init__(self, path: str | os.PathLike, resume_step: int = 0):
+    self.path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+    if resume_step > 0 and os.path.exists(self.path):
+      self._truncate_after(resume_step)
+    self._step = resume_step
+    self._file: io.TextIOBase | None = open(self.path, 'a', encoding='utf-8')
+
+  def _truncate_after(self, step: int) -> None:
+    """Atomically rewrites the file keeping valid records with step <= `step`."""
+    tmp = self.path + '.tmp'
+    with open(self.path, encoding='utf-8') as src, \
+         open(tmp, 'w', encoding='utf-8') as dst:
+      for line in src:
+        record = _decode_line(line)
+        if record is not None and record.get('step', 0) <= step:
+          dst.write(line if line.endswith('\n') else line + '\n')
+      dst.flush()
+      os.fsync(dst.fileno())
+    os.replace(tmp, self.path)
+
+  def write(self, step: int, kind: str, fields: Mapping[str, Any]) -> None:
+    """Writes {"step", "kind", **fields} as one line and flushes it."""
+    if self._file is None:
+      raise ValueError(f'JsonlSink({self.path!r}) is closed')
+    record = {'step': int(step), 'kind': kind}
+    for key, value in fields.items():
+      if key not in record:
+        record[str(key)] = _to_json(value)
+    self._file.write(json.dumps(record, allow_nan=False) + '\n')
+    self._file.flush()
+
+  def on_start(self, step, total_steps, config_summary):
+    self._step = step
+    self.write(step, 'start', {'total_steps': total_steps,
+                               'config': dict(config_summary)})
+
+  def on_step(self, step, metrics):
+    self._step = step
+    self.write(step, 'train', metrics)
+
+  def on_eval(self, step, results):
+    self.write(step, 'eval', results)
+
+  def on_message(self, text):
+    self.write(self._step, 'message', {'text': str(text)})
+
+  def on_end(self, summary):
+    self.write(self._step, 'end', summary)
+
+  def close(self):
+    if self._file is not None:
+      self._file.close()
+      self._file = None
+
+
+# ----------------------------------------------------------------------------
+# TensorBoard.
+
+
+class TensorBoardSink(Hook):
+  """Writes every numeric metric as a TensorBoard scalar under its own name.
+
+  Messages, the config summary and the end summary go to the TEXT tab. With
+  `resume_step > 0`, TensorBoard hides events an earlier run wrote after
+  that step (tensorboardX `purge_step`).
+  """
+
+  def __init__(self, logdir: str | os.PathLike, resume_step: int = 0,
+               flush_secs: int = 30):
+    # Imported here so the console/JSONL sinks work without tensorboardX.
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    self.logdir = os.fspath(logdir)
+    self._step = resume_step
+    self._writer = SummaryWriter(
+        logdir=self.logdir, flush_secs=flush_secs,
+        purge_step=resume_step + 1 if resume_step > 0 else None)
+
+  def _scalars(self, step: int, values: Mapping[str, Any]) -> None:
+    for name, value in values.items():
+      if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        self._writer.add_scalar(name, float(value), step)
+
+  def on_start(self, step, total_steps, config_summary):
+    self._step = step
+    if config_summary:
+      rows = '\n'.join(f'| {k} | {v} |' for k, v in config_summary.items())
+      self._writer.add_text('config', '| key | value |\n|---|---|\n' + rows, step)
+
+  def on_step(self, step, metrics):
+    self._step = step
+    self._scalars(step, metrics)
+
+  def on_eval(self, step, results):
+    self._scalars(step, results)
+
+  def on_message(self, text):
+    self._writer.add_text('messages', str(text), self._step)
+
+  def on_end(self, summary):
+    lines = '\n'.join(f'- {k}: {format_summary_value(str(k), v)}'
+                      for k, v in summary.items())
+    self._writer.add_text('summary', lines, self._step)
+    self._writer.flush()
+
+  def close(self):
+    if self._writer is not None:
+      self._writer.flush()
+      self._writer.close()
+      self._writer = None
+
+
+# ----------------------------------------------------------------------------
+
+
+def make_sinks(workdir: str | os.PathLike, *, console: bool = True,
+               jsonl: bool = True, tensorboard: bool = True,
+               total_steps: int = 0, resume_step: int = 0) -> HookList:
+  """The standard sinks for a run: console, workdir/metrics.jsonl, workdir/tb."""
+  workdir = os.fspath(workdir)
+  hooks = HookList()
+  if console:
+    hooks.append(ConsoleSink(total_steps=total_steps))
+  if jsonl:
+    hooks.append(JsonlSink(os.path.join(workdir, 'metrics.jsonl'),
+                           resume_step=resume_step))
+  if tensorboard:
+    hooks.append(TensorBoardSink(os.path.join(workdir, 'tb'),
+                                 resume_step=resume_step))
+  return hooks

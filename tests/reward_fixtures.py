@@ -1,0 +1,63 @@
+"""Test-only verifiers, in a module of their own so spawned reward workers can import them.
+
+The runner pickles verifiers by module path; a worker unpickling one imports this module
+(it inherits the parent's sys.path), which registers these names in its VERIFIERS too.
+"""
+import signal
+import time
+
+from rft_jax.rewards import verifiers
+
+
+@verifiers.register_verifier('test_length')
+def length(completion: str, answer: str) -> float:
+  """len(completion): a non-binary value, to check weighted sums."""
+  del answer
+  return float(len(completion))
+
+
+@verifiers.register_verifier('test_raises_on_boom')
+def raises_on_boom(completion: str, answer: str) -> float:
+  """Raises RuntimeError when the completion is 'boom', else 1.0."""
+  del answer
+  if completion == 'boom':
+    raise RuntimeError('boom!')
+  return 1.0
+
+
+@verifiers.register_verifier('test_sleeps_on_hang')
+def sleeps_on_hang(completion: str, answer: str) -> float:
+  """Sleeps (practically) forever when the completion is 'hang', else 1.0."""
+  del answer
+  if completion == 'hang':
+    time.sleep(1000)
+  return 1.0
+
+
+@verifiers.register_verifier('test_stuck_on_hang')
+def stuck_on_hang(completion: str, answer: str) -> float:
+  """On 'hang', blocks SIGALRM and sleeps: stands in for C code that ignores signals."""
+  del answer
+  if completion == 'hang':
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    time.sleep(1000)
+  return 1.0
+
+
+@verifiers.register_verifier('test_swallows_everything')
+def swallows_everything(completion: str, answer: str) -> float:
+  """On 'hang', sleeps inside `except Exception`, which must not swallow the timeout."""
+  del answer
+  if completion == 'hang':
+    try:
+      time.sleep(1000)
+    except Exception:  # pylint: disable=broad-exception-caught
+      return 0.5
+  return 1.0
+
+
+@verifiers.register_verifier('test_returns_nan')
+def returns_nan(completion: str, answer: str) -> float:
+  """Returns NaN: a verifier bug that must count as an error, not a score."""
+  del completion, answer
+  return float('nan')

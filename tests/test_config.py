@@ -1,0 +1,358 @@
+"""Tests for rft_jax.config.validate and the rft_jax.main command line."""
+import os
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from configs import grpo_arith, sft_arith
+from rft_jax import config as config_lib
+from rft_jax import main as main_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ConfigError = config_lib.ConfigError
+
+
+@pytest.fixture
+def assets(tmp_path):
+  """A tokenizer file and an init_from directory that exist, as absolute paths."""
+  tokenizer = tmp_path / 'tok.model'
+  tokenizer.write_bytes(b'not read by validate')
+  init_from = tmp_path / 'base'
+  init_from.mkdir()
+  return str(tokenizer), str(init_from)
+
+
+def _with_assets(config, assets):
+  config.tokenizer.path, config.init_from = assets
+  return config
+
+
+@pytest.fixture
+def grpo(assets):
+  return _with_assets(grpo_arith.get_config(), assets)
+
+
+@pytest.fixture
+def sft(assets):
+  return _with_assets(sft_arith.get_config(), assets)
+
+
+def _replace(config, key, value):
+  """Sets config.<key> = value even if the type differs (ConfigDict is type-safe)."""
+  *parents, leaf = key.split('.')
+  section = config
+  for part in parents:
+    section = section[part]
+  del section[leaf]
+  section[leaf] = value
+
+
+def _error(config) -> ConfigError:
+  with pytest.raises(ConfigError) as info:
+    config_lib.validate(config)
+  message = str(info.value)
+  assert '\n' not in message and message.startswith('config.')
+  return info.value
+
+
+# --- validate(): good configs --------------------------------------------------------------
+
+@pytest.mark.parametrize('module', [grpo_arith, sft_arith])
+@pytest.mark.parametrize('arg', ['', 'tiny'])
+def test_recipes_are_valid(module, arg, assets):
+  config_lib.validate(_with_assets(module.get_config(arg), assets))
+
+
+def test_sft_recipe_needs_no_rl_sections(sft):
+  assert config_lib.is_sft(sft) and 'rollout' not in sft
+  config_lib.validate(sft)
+
+
+def test_random_init_and_int_for_float_are_accepted(grpo):
+  grpo.init_from = ''
+  _replace(grpo, 'optim.lr', 1)            # an int where a float is expected
+  _replace(grpo, 'rewards.weights.format', 0)
+  config_lib.validate(grpo)
+
+
+# --- validate(): keys and types -------------------------------------------------------------
+
+def test_unknown_key_suggests_the_close_one(grpo):
+  grpo.rollout.tempreature = 0.5
+  error = _error(grpo)
+  assert error.key == 'rollout.tempreature'
+  assert str(error) == "config.rollout.tempreature: unknown key (did you mean 'temperature'?)"
+
+
+def test_unknown_section(grpo):
+  grpo.monitr = ml_collections.ConfigDict({'x': 1})
+  assert str(_error(grpo)) == "config.monitr: unknown key"
+
+
+def test_missing_key(grpo):
+  del grpo.rollout['top_k']
+  assert str(_error(grpo)) == 'config.rollout.top_k: missing key'
+
+
+def test_rl_recipe_needs_rewards_section(grpo):
+  del grpo['rewards']
+  error = _error(grpo)
+  assert error.key == 'rewards' and 'missing section' in str(error)
+
+
+@pytest.mark.parametrize('key,value,expected', [
+    ('rollout.group_size', 'eight', 'expected int, got str'),
+    ('rollout.group_size', 8.0, 'expected int, got float'),
+    ('rollout.group_size', True, 'expected int, got bool'),
+    ('optim.lr', True, 'expected float, got bool'),
+    ('telemetry.plot', 1, 'expected bool, got int'),
+    ('model.dtype', None, 'expected str, got NoneType'),
+    ('rollout', 3, 'expected a section (ConfigDict), got int'),
+    ('rewards.weights', 1.0, 'expected a section of name -> float, got float'),
+    ('rewards.weights.correct', '1', 'expected float, got str'),
+])
+def test_wrong_type(grpo, key, value, expected):
+  _replace(grpo, key, value)
+  error = _error(grpo)
+  assert error.key == key
+  assert str(error) == f'config.{key}={value!r}: {expected}'
+
+
+def test_unknown_verifier(grpo):
+  grpo.rewards.weights.corect = 1.0
+  error = _error(grpo)
+  assert error.key == 'rewards.weights.corect'
+  assert "unknown verifier (did you mean 'correct'?)" in str(error)
+  assert 'known: correct, format' in str(error)
+
+
+def test_empty_reward_weights(grpo):
+  _replace(grpo, 'rewards.weights', ml_collections.ConfigDict())
+  assert _error(grpo).key == 'rewards.weights'
+
+
+@pytest.mark.parametrize('field,kind', [
+    ('advantage', 'advantage estimator'), ('loss', 'policy loss'),
+    ('loss_agg', 'loss aggregation')])
+def test_unknown_algorithm_name(grpo, field, kind):
+  grpo.algo[field] = 'nosuch'
+  error = _error(grpo)
+  assert error.key == f'algo.{field}'
+  assert str(error).startswith(f"config.algo.{field}='nosuch': unknown {kind}; known: ")
+
+
+def test_misspelt_loss_message(grpo):
+  grpo.algo.loss = 'ppo_clipp'
+  assert str(_error(grpo)).startswith(
+      "config.algo.loss='ppo_clipp': unknown policy loss (did you mean 'ppo_clip'?); known: ")
+
+
+# --- validate(): values ---------------------------------------------------------------------
+
+def test_group_size_one(grpo):
+  grpo.rollout.group_size = 1
+  error = _error(grpo)
+  assert error.key == 'rollout.group_size'
+  assert str(error) == 'config.rollout.group_size=1: GRPO needs at least 2 completions per prompt'
+
+
+def test_microbatches_must_divide_rollout_batch(grpo):
+  grpo.rollout.prompts_per_step, grpo.rollout.group_size = 5, 4
+  grpo.algo.microbatches = 3
+  error = _error(grpo)
+  assert error.key == 'algo.microbatches'
+  assert 'rollout.prompts_per_step * rollout.group_size = 5 * 4 = 20' in str(error)
+  grpo.algo.microbatches = 4
+  config_lib.validate(grpo)
+
+
+@pytest.mark.parametrize('key,value', [
+    ('optim.lr', 0.0), ('optim.lr', -1e-4), ('train.steps', 0),
+    ('rollout.temperature', -0.1), ('rollout.top_p', 0.0), ('rollout.top_p', 1.5),
+    ('rollout.top_k', -1), ('rollout.max_new_tokens', 0), ('rollout.prompts_per_step', 0),
+    ('algo.clip_eps', 0.0), ('algo.kl_coef', -0.01), ('algo.updates_per_batch', 0),
+    ('eval.k', 0), ('train.eval_every', 0), ('train.ckpt_every', 0),
+    ('model.dtype', 'float16'), ('algo.kl_estimator', 'k4'), ('mesh.tensor', 0), ('mesh.data', -2), ('optim.b2', 1.0),
+])
+def test_impossible_value(grpo, key, value):
+  config_lib.lookup(grpo, key)  # The key exists in the recipe.
+  _replace(grpo, key, value)
+  error = _error(grpo)
+  assert error.key == key
+  assert str(error).startswith(f'config.{key}={value!r}: ')
+
+
+def test_edge_values_are_allowed(grpo):
+  grpo.rollout.temperature = 0.0
+  grpo.rollout.top_p = 1.0
+  grpo.rollout.top_k = 0
+  grpo.algo.kl_coef = 0.0
+  grpo.mesh.data, grpo.mesh.fsdp = 1, -1
+  config_lib.validate(grpo)
+
+
+def test_heads_must_be_divisible_by_kv_heads(grpo):
+  grpo.model.num_attention_heads, grpo.model.num_key_value_heads = 4, 3
+  error = _error(grpo)
+  assert error.key == 'model.num_key_value_heads'
+  assert 'must divide model.num_attention_heads=4' in str(error)
+
+
+def test_prompt_and_completion_must_fit_positions(grpo):
+  grpo.task.max_prompt_len, grpo.model.max_position_embeddings = 10, 64
+  grpo.rollout.max_new_tokens = 55
+  error = _error(grpo)
+  assert error.key == 'rollout.max_new_tokens'
+  assert str(error) == ('config.rollout.max_new_tokens=55: task.max_prompt_len + '
+                        'rollout.max_new_tokens = 10 + 55 = 65 exceeds '
+                        'model.max_position_embeddings=64')
+  grpo.rollout.max_new_tokens = 54
+  config_lib.validate(grpo)
+
+
+def test_sft_prompt_and_answer_must_fit_positions(sft):
+  sft.task.max_prompt_len, sft.sft.answer_len = 10, 8
+  sft.model.max_position_embeddings = 17
+  error = _error(sft)
+  assert error.key == 'sft.answer_len'
+  assert 'task.max_prompt_len + sft.answer_len = 10 + 8 = 18' in str(error)
+  sft.model.max_position_embeddings = 18
+  config_lib.validate(sft)
+
+
+def test_sft_does_not_apply_rl_rules(sft):
+  sft.sft.batch_size = 0
+  assert _error(sft).key == 'sft.batch_size'
+
+
+def test_at_most_one_flexible_mesh_axis(grpo):
+  grpo.mesh.fsdp = -1
+  error = _error(grpo)
+  assert error.key == 'mesh.fsdp' and 'mesh.data is already -1' in str(error)
+
+
+# --- validate(): files ----------------------------------------------------------------------
+
+def test_tokenizer_path_is_relative_to_cwd(grpo, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  grpo.tokenizer.path = 'tok.model'      # tmp_path/tok.model exists (the assets fixture)
+  config_lib.validate(grpo)
+  grpo.tokenizer.path = 'missing/tok.model'
+  error = _error(grpo)
+  assert error.key == 'tokenizer.path'
+  assert str(error).startswith("config.tokenizer.path='missing/tok.model': not found")
+  assert str(tmp_path) in str(error)
+
+
+def test_init_from_must_be_a_directory(grpo, assets):
+  grpo.init_from = assets[0]   # a file, not a directory
+  assert _error(grpo).key == 'init_from'
+  grpo.init_from = '/no/such/dir'
+  assert str(_error(grpo)).startswith("config.init_from='/no/such/dir': no such directory")
+
+
+# --- The command line -----------------------------------------------------------------------
+
+def _asset_overrides(assets):
+  """Points the recipes at stand-in assets for any shipped asset that does not exist yet."""
+  tokenizer_path, init_from = assets
+  overrides = []
+  if not os.path.exists(os.path.join(REPO, grpo_arith.get_config().tokenizer.path)):
+    overrides.append(f'--config.tokenizer.path={tokenizer_path}')
+  if not os.path.isdir(os.path.join(REPO, grpo_arith.get_config().init_from)):
+    overrides.append(f'--config.init_from={init_from}')
+  return overrides
+
+
+def _cli(*args):
+  return subprocess.run([sys.executable, '-m', 'rft_jax.main', *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=120, check=False)
+
+
+def _assert_usage_error(result, *fragments):
+  assert result.returncode == 2, result.stderr
+  assert 'Traceback' not in result.stderr
+  lines = result.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: '), result.stderr
+  for fragment in fragments:
+    assert fragment in lines[0]
+  assert result.stdout == ''
+
+
+@pytest.mark.parametrize('spec', ['configs/grpo_arith.py', 'configs/grpo_arith.py:tiny',
+                                  'configs/sft_arith.py', 'configs/sft_arith.py:tiny'])
+def test_cli_recipes_validate(spec, assets):
+  extra = _asset_overrides(assets)
+  if 'sft' in spec:
+    extra = [arg for arg in extra if 'init_from' not in arg]
+  result = _cli('--config', spec, *extra, '--validate_only')
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip() == 'config OK'
+
+
+@pytest.mark.parametrize('args,fragments', [
+    (['--config.nosuch=1'], ["unknown config key 'nosuch' in --config.nosuch=1"]),
+    (['--config.rollout.tempreature=0.5'],
+     ["'rollout.tempreature'", "(did you mean 'temperature'?)"]),
+    (['--config.rollout.group_size=abc'],
+     ['config.rollout.group_size', "cannot parse 'abc' as int"]),
+    (['--config.rollout.group_size=1'],
+     ['config.rollout.group_size=1: GRPO needs at least 2 completions per prompt']),
+    (['--config.rollout.prompts_per_step=4', '--config.rollout.group_size=4',
+      '--config.algo.microbatches=3'], ['config.algo.microbatches=3: must divide', '= 16']),
+    (['--config.rollout.top_p=1.5'], ['config.rollout.top_p=1.5: must be in (0, 1]']),
+    (['--config.tokenizer.path=no/such.model'],
+     ["config.tokenizer.path='no/such.model': not found"]),
+], ids=['unknown_key', 'misspelt_key', 'wrong_type', 'group_size_1', 'microbatches', 'top_p',
+        'missing_tokenizer'])
+def test_cli_bad_override(args, fragments):
+  result = _cli('--config', 'configs/grpo_arith.py', *args, '--validate_only')
+  _assert_usage_error(result, *fragments)
+
+
+def test_cli_missing_config_file():
+  result = _cli('--config', 'configs/nope.py', '--validate_only')
+  _assert_usage_error(result, "config file not found: 'configs/nope.py'")
+
+
+def test_cli_config_file_that_fails_to_import(tmp_path):
+  broken = tmp_path / 'broken.py'
+  broken.write_text('import no_such_module_anywhere\n')
+  result = _cli('--config', str(broken), '--validate_only')
+  _assert_usage_error(result, 'failed to load', "No module named 'no_such_module_anywhere'")
+
+
+def test_cli_config_error_does_not_import_jax():
+  code = ('import sys; from rft_jax import main; '
+          "rc = main.main(['main', '--config', 'configs/grpo_arith.py', "
+          "'--config.rollout.group_size=1', '--validate_only']); "
+          "print(rc, 'jax' in sys.modules)")
+  result = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, check=False)
+  assert result.stdout.split() == ['2', 'False'], result.stderr
+
+
+# --- main() in process ----------------------------------------------------------------------
+
+def test_main_default_workdir_and_overrides(monkeypatch, assets):
+  monkeypatch.chdir(REPO)
+  argv = ['main', '--config=configs/sft_arith.py:tiny', f'--config.tokenizer.path={assets[0]}',
+          '--config.optim.lr=1', '--validate_only']
+  config, workdir, validate_only = main_lib.parse_command_line(argv)
+  assert workdir == os.path.join('runs', 'sft_arith') and validate_only
+  assert config.optim.lr == 1.0 and isinstance(config.optim.lr, float)
+  assert config.train.steps == 6   # the :tiny variant
+
+
+def test_main_dispatches_to_sft(monkeypatch, assets, tmp_path):
+  monkeypatch.chdir(REPO)
+  calls = []
+  fake_sft = type(sys)('rft_jax.sft')
+  fake_sft.run = lambda config, workdir: calls.append((config.name, workdir))
+  monkeypatch.setitem(sys.modules, 'rft_jax.sft', fake_sft)
+  monkeypatch.setattr('rft_jax.sft', fake_sft, raising=False)
+  rc = main_lib.main(['main', '--config', 'configs/sft_arith.py:tiny',
+                      f'--config.tokenizer.path={assets[0]}', '--workdir', str(tmp_path)])
+  assert rc == 0 and calls == [('sft_arith', str(tmp_path))]

@@ -1,0 +1,214 @@
+"""Tests for rft_jax.rewards: the arithmetic verifiers and the process-pool runner."""
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from rft_jax.rewards import runner as runner_lib
+from rft_jax.rewards import verifiers
+
+# Spawned workers import test verifiers by module path and inherit sys.path from this process:
+# make sure the directory holding reward_fixtures is on it however pytest imported this file.
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if _TESTS_DIR not in sys.path:
+  sys.path.insert(0, _TESTS_DIR)
+import reward_fixtures  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+RewardRunner = runner_lib.RewardRunner
+
+# (completion, answer, correct, format)
+VERIFIER_CASES = [
+    ('85', '85', 1.0, 1.0),
+    (' 85 ', '85', 1.0, 1.0),
+    ('85\n', '85', 1.0, 1.0),
+    ('085', '85', 1.0, 1.0),
+    ('-33', '-33', 1.0, 1.0),
+    ('-033', '-33', 1.0, 1.0),
+    ('33', '-33', 0.0, 1.0),
+    ('-0', '0', 1.0, 1.0),
+    ('0', '0', 1.0, 1.0),
+    ('84', '85', 0.0, 1.0),
+    ('85.0', '85', 0.0, 0.0),
+    ('8 5', '85', 0.0, 0.0),
+    ('+85', '85', 0.0, 0.0),
+    ('1_000', '1000', 0.0, 0.0),
+    ('85!', '85', 0.0, 0.0),
+    ('85 85', '85', 0.0, 0.0),
+    ('', '85', 0.0, 0.0),
+    ('   ', '85', 0.0, 0.0),
+    ('-', '85', 0.0, 0.0),
+    ('\u0668\u0665', '85', 0.0, 0.0),  # Arabic-Indic digits: int() accepts them, we do not.
+    ('123456', '123456', 1.0, 1.0),
+    ('-123456', '-123456', 1.0, 1.0),
+    ('1234567', '1234567', 1.0, 0.0),  # Correct but over 6 digits.
+    ('0000085', '85', 1.0, 0.0),  # Leading zeros count as digits.
+    ('9' * 5000, '9' * 5000, 1.0, 0.0),  # Beyond int()'s 4300-digit limit.
+    ('85', ' 85 ', 1.0, 1.0),
+]
+
+
+@pytest.mark.parametrize('completion,answer,want_correct,want_format', VERIFIER_CASES)
+def test_verifiers_table(completion, answer, want_correct, want_format):
+  assert verifiers.VERIFIERS['correct'](completion, answer) == want_correct
+  assert verifiers.VERIFIERS['format'](completion, answer) == want_format
+
+
+def test_correct_raises_on_malformed_answer():
+  with pytest.raises(ValueError, match='not an integer'):
+    verifiers.correct('85', '85.0')
+
+
+def test_registry():
+  assert verifiers.get_verifier('correct') is verifiers.correct
+  with pytest.raises(KeyError, match='known: .*correct.*format'):
+    verifiers.get_verifier('nosuch')
+  # Re-registering the same function is fine (a module imported again in a worker) ...
+  verifiers.register_verifier('correct')(verifiers.correct)
+  # ... a different function under a taken name is not.
+  with pytest.raises(ValueError, match='registered twice'):
+    verifiers.register_verifier('correct')(reward_fixtures.length)
+
+
+def test_runner_rejects_bad_config():
+  with pytest.raises(KeyError, match=r"unknown verifier 'nosuch'; known: .*correct, format"):
+    RewardRunner({'correct': 1.0, 'nosuch': 1.0})
+  with pytest.raises(ValueError, match='reserved'):
+    RewardRunner({'total': 1.0})
+  # A verifier that cannot be pickled by name fails at construction, not in a worker.
+  verifiers.register_verifier('test_lambda')(lambda c, a: 1.0)
+  with pytest.raises(ValueError, match='module-level'):
+    RewardRunner({'test_lambda': 1.0}, num_workers=2)
+  RewardRunner({'test_lambda': 1.0}, num_workers=0)  # Inline needs no pickling.
+
+
+def _batch(n=50, seed=0):
+  rng = np.random.default_rng(seed)
+  answers, completions = [], []
+  for _ in range(n):
+    a, b = rng.integers(-99, 100, size=2)
+    answers.append(str(a + b))
+    completions.append(rng.choice([str(a + b), str(a + b + 1), f' {a + b}', f'{a + b}.0',
+                                   'x', '', '0' * 8 + str(abs(a + b))]))
+  return completions, answers
+
+
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_totals_match_plain_loop(num_workers):
+  weights = {'correct': 1.0, 'format': 0.25, 'test_length': -0.5}
+  completions, answers = _batch()
+  with RewardRunner(weights, num_workers=num_workers) as runner:
+    result = runner(completions, answers)
+    again = runner(completions[:3], answers[:3])  # Workers are reused across calls.
+  want = [sum(w * verifiers.VERIFIERS[name](c, a) for name, w in weights.items())
+          for c, a in zip(completions, answers)]
+  np.testing.assert_allclose(result.total, want, rtol=1e-6)
+  np.testing.assert_allclose(again.total, want[:3], rtol=1e-6)
+  assert result.total.dtype == np.float32 and result.total.shape == (50,)
+  assert result.valid.all()
+  for name in weights:
+    want_v = [verifiers.VERIFIERS[name](c, a) for c, a in zip(completions, answers)]
+    np.testing.assert_array_equal(result.per_verifier[name], np.float32(want_v))
+  assert result.errors == result.timeouts == {name: 0 for name in weights}
+  assert result.error_messages == {}
+
+
+def test_metrics():
+  result = runner_lib.RewardResult(
+      total=np.float32([1.5, 0.0, 0.5, 0.0]),
+      per_verifier={'correct': np.float32([1, 0, 0, np.nan]),
+                    'format': np.float32([1, np.nan, 1, 1])},
+      valid=np.array([True, False, True, False]),
+      errors={'correct': 0, 'format': 1}, timeouts={'correct': 1, 'format': 0})
+  assert result.metrics() == {
+      'reward/correct/mean': 0.5, 'reward/format/mean': 1.0, 'reward/total/mean': 1.0,
+      'reward/errors/correct': 0.0, 'reward/errors/format': 1.0,
+      'reward/timeouts/correct': 1.0, 'reward/timeouts/format': 0.0,
+      'reward/invalid_frac': 0.5, 'reward/stuck_chunks': 0.0}
+
+
+def test_empty_batch_and_length_mismatch():
+  runner = RewardRunner({'correct': 1.0}, num_workers=2)
+  result = runner([], [])
+  assert result.total.shape == (0,) and result.valid.shape == (0,)
+  assert math.isnan(result.metrics()['reward/correct/mean'])
+  assert runner._pool is None  # An empty batch starts no workers.  pylint: disable=protected-access
+  with pytest.raises(ValueError, match='3 completions but 2 answers'):
+    runner(['1', '2', '3'], ['1', '2'])
+
+
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_raising_verifier_marks_samples_invalid(num_workers):
+  completions = ['1', 'boom', '3', '4', 'boom', '6']
+  answers = ['1', '2', '3', '5', '5', 'oops']  # 'oops': 'correct' raises on a malformed answer.
+  weights = {'correct': 1.0, 'test_raises_on_boom': 2.0, 'test_returns_nan': 0.0}
+  with RewardRunner({k: v for k, v in weights.items() if k != 'test_returns_nan'},
+                    num_workers=num_workers) as runner:
+    result = runner(completions, answers)
+  np.testing.assert_array_equal(result.valid, [True, False, True, True, False, False])
+  np.testing.assert_array_equal(result.total, [3.0, 0.0, 3.0, 2.0, 0.0, 0.0])
+  np.testing.assert_array_equal(result.per_verifier['test_raises_on_boom'],
+                                [1, np.nan, 1, 1, np.nan, 1])
+  np.testing.assert_array_equal(result.per_verifier['correct'], [1, 0, 1, 0, 0, np.nan])
+  assert result.errors == {'correct': 1, 'test_raises_on_boom': 2}
+  assert result.timeouts == {'correct': 0, 'test_raises_on_boom': 0}
+  assert result.error_messages['test_raises_on_boom'].startswith('RuntimeError: boom! [sample 1')
+  assert result.error_messages['correct'].startswith("ValueError: reference answer is not an "
+                                                     "integer: 'oops' [sample 5")
+  metrics = result.metrics()
+  assert metrics['reward/invalid_frac'] == 0.5
+  assert metrics['reward/errors/test_raises_on_boom'] == 2.0
+  assert metrics['reward/correct/mean'] == pytest.approx(2 / 3)
+  # A verifier returning NaN is an error, never a score.
+  with RewardRunner({'test_returns_nan': 1.0}, num_workers=0) as runner:
+    nan_result = runner(['1'], ['1'])
+  assert nan_result.errors == {'test_returns_nan': 1} and not nan_result.valid.any()
+
+
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_sleeping_verifier_times_out(num_workers):
+  completions = ['1', 'hang', '3', '4', '5', 'hang']
+  weights = {'correct': 1.0, 'test_sleeps_on_hang': 1.0, 'test_swallows_everything': 1.0}
+  with RewardRunner(weights, timeout_s=0.3, num_workers=num_workers, grace_s=30.0) as runner:
+    runner.start()
+    t0 = time.monotonic()
+    result = runner(completions, ['1', '2', '3', '4', '5', '6'])
+    elapsed = time.monotonic() - t0
+    np.testing.assert_array_equal(result.valid, [True, False, True, True, True, False])
+    np.testing.assert_array_equal(result.total, [3.0, 0.0, 3.0, 3.0, 3.0, 0.0])
+    assert result.timeouts == {'correct': 0, 'test_sleeps_on_hang': 2,
+                               'test_swallows_everything': 2}
+    assert result.errors == {name: 0 for name in weights}
+    assert result.stuck_chunks == 0 and runner.pool_restarts == 0
+    assert elapsed < 10.0  # 4 timed-out calls of 0.3 s, not 1000 s.
+    # The runner (and its workers) still work afterwards.
+    again = runner(['7', '8'], ['7', '9'])
+    np.testing.assert_array_equal(again.total, [3.0, 2.0])
+    assert again.valid.all() and runner.pool_restarts == 0
+
+
+def test_stuck_worker_is_replaced():
+  # Samples 0-2 go to one worker, 3-5 to the other; 'hang' at 1 blocks SIGALRM, then sleeps.
+  completions = ['1', 'hang', '3', '4', '5', '6']
+  answers = ['1', '2', '3', '4', '5', '7']
+  with RewardRunner({'correct': 1.0, 'test_stuck_on_hang': 0.5}, timeout_s=0.2,
+                    num_workers=2, grace_s=2.0) as runner:
+    runner.start()
+    old_pids = set(runner._pool._processes)  # pylint: disable=protected-access
+    t0 = time.monotonic()
+    result = runner(completions, answers)
+    assert time.monotonic() - t0 < 15.0  # Deadline: 3 samples * 2 verifiers * 0.2 s + 2 s.
+    assert result.stuck_chunks == 1 and runner.pool_restarts == 1
+    np.testing.assert_array_equal(result.valid, [False, False, False, True, True, True])
+    np.testing.assert_array_equal(result.total, [0.0, 0.0, 0.0, 1.5, 1.5, 0.5])
+    assert np.isnan(result.per_verifier['correct'][:3]).all()
+    assert result.timeouts == {'correct': 3, 'test_stuck_on_hang': 3}
+    assert result.metrics()['reward/stuck_chunks'] == 1.0
+    # The next call runs on a fresh pool, with new processes.
+    again = runner(completions[2:], answers[2:])
+    assert set(runner._pool._processes).isdisjoint(old_pids)  # pylint: disable=protected-access
+    np.testing.assert_array_equal(again.total, [1.5, 1.5, 1.5, 0.5])
+    assert again.valid.all() and runner.pool_restarts == 1
+  assert runner._pool is None  # pylint: disable=protected-access
