@@ -26,6 +26,11 @@ def get_config(arg: str = ''):
   config.sft = ml_collections.ConfigDict()
   config.sft.batch_size = 64
   config.sft.answer_len = 4         # answer + EOS, right-padded ("-99" + EOS is 4)
+  # Demonstrations come from a careless teacher: 65% of the answers where a slip is possible
+  # (a forgotten carry, a dropped minus sign; see arith.teacher_slip) carry it. The base policy
+  # then often prefers the slip while still giving the right answer real probability — what RL
+  # with an exact verifier should repair. 0.0 = a perfect teacher.
+  config.sft.teacher_error_rate = 0.65
 
   config.optim = ml_collections.ConfigDict()
   config.optim.lr = 1e-3
@@ -36,10 +41,10 @@ def get_config(arg: str = ''):
   config.optim.grad_clip = 1.0
 
   config.train = ml_collections.ConfigDict()
-  config.train.steps = 1500
-  config.train.eval_every = 500
-  config.train.ckpt_every = 500
-  config.train.keep_checkpoints = 1
+  config.train.steps = 2500
+  config.train.eval_every = 250
+  config.train.ckpt_every = 250
+  config.train.keep_checkpoints = 10
 
   config.eval = ml_collections.ConfigDict()
   config.eval.num_prompts = 256

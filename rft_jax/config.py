@@ -52,7 +52,7 @@ SCHEMA: dict[str, Any] = {
         'advantage': str, 'loss': str, 'loss_agg': str, 'clip_eps': float, 'kl_coef': float,
         'kl_estimator': str, 'updates_per_batch': int, 'microbatches': int,
     },
-    'sft': {'batch_size': int, 'answer_len': int},
+    'sft': {'batch_size': int, 'answer_len': int, 'teacher_error_rate': float},
     'optim': {
         'lr': float, 'warmup_steps': int, 'b1': float, 'b2': float,
         'weight_decay': float, 'grad_clip': float,

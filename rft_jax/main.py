@@ -52,12 +52,25 @@ def main(argv: Sequence[str]) -> int:
     return 0
   if not flags.FLAGS.is_parsed():  # absl.logging warns until the global flags are parsed.
     flags.FLAGS.mark_as_parsed()
+  # pylint: disable=g-import-not-at-top
+  from rft_jax import components, trainer
+  run = trainer.run
   if config_lib.is_sft(config):
-    from rft_jax import sft  # pylint: disable=g-import-not-at-top
-    sft.run(config, workdir)
-  else:
-    from rft_jax import trainer  # pylint: disable=g-import-not-at-top
-    trainer.run(config, workdir)
+    from rft_jax import sft
+    run = sft.run
+  try:
+    run(config, workdir)
+  except (components.SetupError, FileNotFoundError) as e:
+    # Problems only visible once files and devices are opened (mesh too large, checkpoint that
+    # does not match the model): the same one-line usage error as a bad config.
+    print(f'error: {_one_line(str(e))}', file=sys.stderr)
+    return USAGE_ERROR
+  except trainer.TrainingError as e:
+    print(f'error: {_one_line(str(e))}', file=sys.stderr)
+    return 1
+  except KeyboardInterrupt:
+    print(f'interrupted; resume with the same command (workdir {workdir})', file=sys.stderr)
+    return 130
   return 0
 
 

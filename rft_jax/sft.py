@@ -29,8 +29,10 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
   data_it = pipeline.sft_batches(
       c.train_source, c.tokenizer, max_prompt_len=config.task.max_prompt_len,
       answer_len=config.sft.answer_len, batch_size=config.sft.batch_size, seed=config.seed,
-      shard_index=jax.process_index(), shard_count=jax.process_count())
-  opened = trainer.open_run(config, workdir, c, tx, data_it, hooks_extra)
+      shard_index=jax.process_index(), shard_count=jax.process_count(),
+      teacher_error_rate=config.sft.teacher_error_rate)
+  opened = trainer.open_run(config, workdir, c, tx, data_it, hooks_extra,
+                            console_keys=(('loss', 'loss'), ('token_acc', 'token acc')))
   state, shardings, ckpt, meta, hooks, start = opened
   total = config.train.steps
   if start >= total and 'final_eval' in meta:

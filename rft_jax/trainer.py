@@ -79,7 +79,8 @@ def make_summary(config, base_eval: dict, final_eval: dict, steps: int, wall_s: 
   }
 
 
-def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra=()):
+def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra=(),
+             console_keys=sinks.DEFAULT_CONSOLE_KEYS):
   """Creates or resumes a run -> (state, state shardings, checkpointer, meta, hooks, start step).
 
   Resuming restores the train state onto this mesh, the data iterator and the run metadata from
@@ -94,7 +95,8 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
     data_it.set_state(data_state)
   hooks = sinks.make_sinks(workdir, console=config.telemetry.console,
                            jsonl=config.telemetry.jsonl, tensorboard=config.telemetry.tensorboard,
-                           total_steps=config.train.steps, resume_step=start)
+                           total_steps=config.train.steps, resume_step=start,
+                           console_keys=console_keys)
   for h in hooks_extra:
     hooks.append(h)
   hooks.on_start(start, config.train.steps, {

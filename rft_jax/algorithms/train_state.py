@@ -21,7 +21,9 @@ class TrainState:
 
 
 def lr_schedule(optim_cfg) -> optax.Schedule:
-  """Linear warm-up from 0 to lr over warmup_steps, then constant."""
+  """Linear warm-up from 0 to lr over warmup_steps, then constant (warmup_steps=0: constant)."""
+  if optim_cfg.warmup_steps <= 0:
+    return optax.constant_schedule(optim_cfg.lr)
   return optax.join_schedules(
       [optax.linear_schedule(0.0, optim_cfg.lr, max(optim_cfg.warmup_steps, 1)),
        optax.constant_schedule(optim_cfg.lr)], [max(optim_cfg.warmup_steps, 1)])
@@ -69,6 +71,6 @@ def apply_gradients(state: TrainState, grads, tx: optax.GradientTransformation, 
   """One optimiser update -> (new state, {'grad_norm', 'update_norm', 'param_norm', 'lr'})."""
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  stats = {'grad_norm': optax.global_norm(grads), 'update_norm': optax.global_norm(updates),
-           'param_norm': optax.global_norm(params), 'lr': schedule(state.step)}
+  stats = {'grad_norm': optax.tree.norm(grads), 'update_norm': optax.tree.norm(updates),
+           'param_norm': optax.tree.norm(params), 'lr': schedule(state.step)}
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), stats

@@ -181,3 +181,44 @@ def load_split(split: str, data_dir: str = '', config: str = 'base'):
   if split not in ('train', 'test'):
     raise ValueError(f"unknown split {split!r}; expected 'train' or 'test'")
   return load_builder(data_dir, config).as_data_source(split=split)
+
+
+def teacher_slip(a: int, op: str, b: int) -> int | None:
+  """The answer a careless teacher writes for `a op b`, or None where it cannot slip.
+
+  Three classic slips: '+' forgets the carry out of the units digit (37+48 -> 75); '-' drops the
+  minus sign of a negative result (12-45 -> 33); '*' forgets the units-digit carry
+  (37*8: 7*8 = 56, so 296 -> 246).
+  """
+  if op == '+' and a % 10 + b % 10 >= 10:
+    return a + b - 10
+  if op == '-' and a < b:
+    return b - a
+  if op == '*' and (a % 10) * b >= 10:
+    return a * b - 10 * ((a % 10) * b // 10)
+  return None
+
+
+def flawed_teacher(record: dict, rate: float) -> dict:
+  """SFT demonstrations from an imperfect teacher: with probability `rate` (fixed per record id)
+  the answer carries the teacher's slip (see teacher_slip). Used to build a base policy whose
+  most likely answer is often wrong while the right one keeps real probability mass — the
+  situation RL with an exact verifier is meant to repair. rate = 0 returns the record unchanged.
+  """
+  if rate <= 0:
+    return record
+  u = ((int(record['id']) * 2654435761 + 12345) % 2**32) / 2**32   # fixed per record
+  if u >= rate:
+    return record
+  a, op, b = _parse_prompt(record['prompt'])
+  slip = teacher_slip(a, op, b)
+  return record if slip is None else {**record, 'answer': str(slip)}
+
+
+def _parse_prompt(prompt: str) -> tuple[int, str, int]:
+  """'37+48=' -> (37, '+', 48); '12-45=' -> (12, '-', 45)."""
+  body = prompt.rstrip('=')
+  for i, ch in enumerate(body[1:], start=1):   # operands are non-negative: skip index 0
+    if ch in '+-*':
+      return int(body[:i]), ch, int(body[i + 1:])
+  raise ValueError(f'not an arithmetic prompt: {prompt!r}')

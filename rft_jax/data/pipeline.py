@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 import grain
 import numpy as np
 
+from rft_jax.data import arith
 from rft_jax.tokenizer import Tokenizer
 
 # Tokenisation is cheap: a couple of threads and a short prefetch suffice.
@@ -140,15 +141,20 @@ def prompt_batches(source: Sequence[Any], tokenizer: Tokenizer, *,
 def sft_batches(source: Sequence[Any], tokenizer: Tokenizer, *,
                 max_prompt_len: int, answer_len: int, batch_size: int,
                 seed: int, num_epochs: int | None = None,
-                shard_index: int = 0,
-                shard_count: int = 1) -> grain.DatasetIterator:
+                shard_index: int = 0, shard_count: int = 1,
+                teacher_error_rate: float = 0.0) -> grain.DatasetIterator:
   """Checkpointable, shuffled iterator of supervised (prompt, answer) batches.
+
+  teacher_error_rate > 0 replaces that fraction of answers by a careless teacher's slip
+  (arith.flawed_teacher): demonstrations from an imperfect teacher.
 
   Each batch: ``'tokens'``, ``'mask'``, ``'loss_mask'`` int32 [B, P+A] (see
   ``encode_sft``), ``'id'`` int64 [B], ``'prompt'``/``'answer'`` str [B].
   """
   ds = _records(source, seed=seed, shuffle=True, num_epochs=num_epochs,
                 shard_index=shard_index, shard_count=shard_count)
+  if teacher_error_rate > 0:
+    ds = ds.map(functools.partial(arith.flawed_teacher, rate=teacher_error_rate))
   ds = ds.map(functools.partial(encode_sft, tokenizer=tokenizer,
                                   max_prompt_len=max_prompt_len,
                                   answer_len=answer_len))

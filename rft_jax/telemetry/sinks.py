@@ -363,12 +363,13 @@ class TensorBoardSink(Hook):
 
 def make_sinks(workdir: str | os.PathLike, *, console: bool = True,
                jsonl: bool = True, tensorboard: bool = True,
-               total_steps: int = 0, resume_step: int = 0) -> HookList:
+               total_steps: int = 0, resume_step: int = 0,
+               console_keys: Sequence[tuple[str, str]] = DEFAULT_CONSOLE_KEYS) -> HookList:
   """The standard sinks for a run: console, workdir/metrics.jsonl, workdir/tb."""
   workdir = os.fspath(workdir)
   hooks = HookList()
   if console:
-    hooks.append(ConsoleSink(total_steps=total_steps))
+    hooks.append(ConsoleSink(keys=console_keys, total_steps=total_steps))
   if jsonl:
     hooks.append(JsonlSink(os.path.join(workdir, 'metrics.jsonl'),
                            resume_step=resume_step))

@@ -1,0 +1,42 @@
+# Two commands do everything on a fresh machine (python3, pip and make are all it needs):
+#   make run    set up .venv if needed, then run the default recipe (GRPO on the arithmetic task)
+#   make test   set up .venv if needed, then run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+WORKDIR ?= runs/grpo_arith
+CONFIG ?= configs/grpo_arith.py
+export JAX_PLATFORMS ?= cpu
+export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
+
+.PHONY: run test test-all setup bench base clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(PY) -m rft_jax.main --config $(CONFIG) --workdir $(WORKDIR)
+
+test: setup
+	$(PY) -m pytest -q -n 2
+
+test-all: setup  # includes the slow end-to-end runs
+	$(PY) -m pytest -q -n 2 -m ''
+
+bench: setup
+	$(PY) -m tools.bench
+
+# Rebuild the shipped base policy (rft_jax/assets/arith_base) from scratch with the SFT recipe.
+base: setup
+	rm -rf runs/sft_arith
+	$(PY) -m rft_jax.main --config configs/sft_arith.py --workdir runs/sft_arith
+	$(PY) -m tools.export_base --config configs/sft_arith.py --workdir runs/sft_arith \
+	  --out rft_jax/assets/arith_base
+
+clean:
+	rm -rf runs .jax_cache
