@@ -19,6 +19,8 @@ from rft_jax.algorithms.advantages import grpo as grpo_adv
 from rft_jax.algorithms.losses import kl_penalty, ppo_clip, token_mean
 from rft_jax.models import ModelConfig, create, forward
 from rft_jax.sampling.sampler import SamplingConfig, make_sampler
+import model_fixtures
+from model_fixtures import randomize
 
 EPS = 1e-6   # grpo's default std epsilon
 
@@ -158,33 +160,9 @@ def np_log_softmax(x):
   return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def randomize(pure, seed, scale=1.0):
-  rng = np.random.RandomState(seed)
-
-  def one(path, x):
-    name, shape = path[-1].key, x.shape
-    if name == 'weight':
-      v = 1.0 + 0.3 * rng.randn(*shape)
-    elif name == 'kernel':
-      v = scale * rng.randn(*shape) / np.sqrt(shape[0])
-    else:
-      v = scale * rng.randn(*shape)
-    return np.asarray(v, np.float32)
-
-  return jax.tree_util.tree_map_with_path(one, pure)
-
-
 def with_eos_bias(pure):
-  """EOS gets a positive logit bonus (~12%/step) so completion lengths vary (see test_sampler)."""
-  p = jax.tree.map(np.array, pure)
-  p['embed_tokens']['embedding'][:, 0] = 3.0
-  for layer in p['layers'].values():
-    layer['self_attn']['o_proj']['kernel'][:, 0] = 0.0
-    layer['mlp']['down_proj']['kernel'][:, 0] = 0.0
-  p['norm']['weight'][0] = 1.0
-  p['lm_head']['kernel'][0, :] = 0.0
-  p['lm_head']['kernel'][0, EOS] = 1.0
-  return jax.tree.map(jnp.asarray, p)
+  """EOS gets a positive logit bonus (~12%/step) so completion lengths vary."""
+  return model_fixtures.with_eos_bias(pure, 1.0, EOS)
 
 
 def perturb(params, seed, scale):

@@ -11,6 +11,7 @@ from flax import nnx
 
 from rft_jax.models import ModelConfig, create, forward, forward_cached, init_cache
 from rft_jax.models import abstract_params, positions_from_mask
+from model_fixtures import randomize
 
 BASE = ModelConfig(vocab_size=32, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -20,32 +21,6 @@ VARIANTS = {
     'tied': BASE,
     'untied_bias': dataclasses.replace(BASE, tie_word_embeddings=False, attention_bias=True),
 }
-
-
-def randomize(pure, seed):
-  """Replaces every leaf with O(1)-scale random values so that each weight matters.
-
-  Freshly initialised norms are all ones and biases all zeros, which would hide mistakes in the
-  way they are applied; kernels are N(0, 1/fan_in) so activations stay O(1).
-  """
-  rng = np.random.RandomState(seed)
-
-  def one(path, x):
-    name = path[-1].key
-    shape = x.shape
-    if name == 'weight':
-      v = 1.0 + 0.3 * rng.randn(*shape)
-    elif name == 'bias':
-      v = 0.3 * rng.randn(*shape)
-    elif name == 'kernel':
-      v = rng.randn(*shape) / np.sqrt(shape[0])
-    elif name == 'embedding':
-      v = rng.randn(*shape)
-    else:
-      raise AssertionError(f'unexpected leaf {path}')
-    return jnp.asarray(v, jnp.float32)
-
-  return jax.tree_util.tree_map_with_path(one, pure)
 
 
 # ----------------------------------------------------------------------------

@@ -12,6 +12,8 @@ from scipy import stats
 
 from rft_jax.models import ModelConfig, create, forward
 from rft_jax.sampling.sampler import SamplingConfig, choose, filter_logits, make_sampler
+import model_fixtures
+from model_fixtures import randomize
 
 PAD, EOS = 0, 1
 CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -20,39 +22,8 @@ CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidde
 P, T = 6, 10
 
 
-def randomize(pure, seed):
-  """O(1)-scale random weights, so the next-token distributions are far from uniform."""
-  rng = np.random.RandomState(seed)
-
-  def one(path, x):
-    name, shape = path[-1].key, x.shape
-    if name == 'weight':
-      v = 1.0 + 0.3 * rng.randn(*shape)
-    elif name == 'kernel':
-      v = rng.randn(*shape) / np.sqrt(shape[0])
-    else:
-      v = rng.randn(*shape)
-    return np.asarray(v, np.float32)
-
-  return jax.tree_util.tree_map_with_path(one, pure)
-
-
 def with_eos_bias(pure, beta):
-  """Gives EOS a logit beta * y0 with y0 > 0 at every position.
-
-  Hidden dim 0 holds the constant 3 in every embedding and no layer writes to it, so after the
-  final norm it is positive; only EOS reads it in lm_head. beta=1 makes EOS ~12% per step,
-  beta=+100 forces EOS at once, beta=-100 forbids it.
-  """
-  p = jax.tree.map(np.array, pure)
-  p['embed_tokens']['embedding'][:, 0] = 3.0
-  for layer in p['layers'].values():
-    layer['self_attn']['o_proj']['kernel'][:, 0] = 0.0
-    layer['mlp']['down_proj']['kernel'][:, 0] = 0.0
-  p['norm']['weight'][0] = 1.0
-  p['lm_head']['kernel'][0, :] = 0.0
-  p['lm_head']['kernel'][0, EOS] = beta
-  return jax.tree.map(jnp.asarray, p)
+  return model_fixtures.with_eos_bias(pure, beta, EOS)
 
 
 @pytest.fixture(scope='module')

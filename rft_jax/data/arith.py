@@ -21,6 +21,7 @@ Only ``file_format='array_record'`` is used: TensorFlow is not installed, so
 """
 
 import dataclasses
+import fcntl
 import os
 from typing import Any, Iterator
 
@@ -162,13 +163,21 @@ def resolve_data_dir(data_dir: str = '') -> str:
 
 def load_builder(data_dir: str = '', config: str = 'base') -> Arith:
   """Returns the prepared ``Arith`` builder, generating it on first use."""
-  builder = Arith(config=config, data_dir=resolve_data_dir(data_dir),
-                  file_format='array_record')
-  if not builder.is_prepared():   # generate once (~1 s); later calls only open the files
-    tfds.disable_progress_bar()
-    builder.download_and_prepare(
-        file_format='array_record',
-        download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+  root = resolve_data_dir(data_dir)
+  builder = Arith(config=config, data_dir=root, file_format='array_record')
+  if builder.is_prepared():
+    return builder
+  # Generate once (~1 s). A lock file serialises processes that start together (parallel
+  # test workers, several hosts sharing a directory) so only one of them writes the files.
+  os.makedirs(root, exist_ok=True)
+  with open(os.path.join(root, f'.arith-{config}.lock'), 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    builder = Arith(config=config, data_dir=root, file_format='array_record')
+    if not builder.is_prepared():
+      tfds.disable_progress_bar()
+      builder.download_and_prepare(
+          file_format='array_record',
+          download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   return builder
 
 
