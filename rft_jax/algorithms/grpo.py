@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from rft_jax.algorithms import registry
+from rft_jax.algorithms.advantages import group_stats
 from rft_jax.algorithms import train_state as ts
 from rft_jax.algorithms.losses import kl_penalty
 from rft_jax.models import functional as lm
@@ -34,12 +35,19 @@ class GRPOConfig:
   updates_per_batch: int = 1
   microbatches: int = 1
   group_size: int = 2
+  use_reference: bool = False   # compute reference log-probs (always on when kl_coef > 0)
+
+  def __post_init__(self):
+    if self.kl_coef > 0:
+      object.__setattr__(self, 'use_reference', True)
 
   @classmethod
-  def from_config(cls, config) -> 'GRPOConfig':
+  def from_config(cls, config, use_reference: bool = False) -> 'GRPOConfig':
+    """config.algo plus the rollout group size. use_reference forces the reference pass even at
+    kl_coef = 0 (so a KL term can be switched on at run time, e.g. by the monitor)."""
     fields = {f.name for f in dataclasses.fields(cls)}
     d = {k: v for k, v in dict(config.algo).items() if k in fields}
-    return cls(group_size=config.rollout.group_size, **d)
+    return cls(group_size=config.rollout.group_size, use_reference=use_reference, **d)
 
 
 def sequence_logprobs(graphdef, params, tokens_bs, mask_bs):
@@ -66,13 +74,15 @@ def prepare_batch(params, ref_params, rollout: Rollout, rewards_b, valid_b, *, g
   """Scores a rollout with the trainer: old and reference log-probs, advantages, metrics.
 
   Rows with invalid rewards (valid_b False) are dropped from the loss by zeroing their mask.
-  With kl_coef == 0 the reference forward pass is skipped entirely.
+  Without algo.use_reference (kl_coef == 0) the reference forward pass is skipped entirely.
+  Also returns the exact invariants the monitor checks: the largest |mean advantage| of a group
+  (0 for group-normalised estimators) and the number of loss tokens on prompt positions (0).
   """
   tokens_bs, mask_bs, loss_mask_bl, sampler_logp_bl = rollout_sequences(rollout)
   loss_mask_bl = loss_mask_bl * valid_b[:, None]
   old_logp_bl, _ = sequence_logprobs(graphdef, params, tokens_bs, mask_bs)
   old_logp_bl = jax.lax.stop_gradient(old_logp_bl)
-  if algo.kl_coef > 0:
+  if algo.use_reference:
     ref_logp_bl, _ = sequence_logprobs(graphdef, ref_params, tokens_bs, mask_bs)
   else:
     ref_logp_bl = old_logp_bl
@@ -83,20 +93,28 @@ def prepare_batch(params, ref_params, rollout: Rollout, rewards_b, valid_b, *, g
                             algo.group_size)
   metrics['adv/mean'] = masked_mean(adv_b, valid_b)
   metrics['adv/abs_mean'] = masked_mean(jnp.abs(adv_b), valid_b)
+  adv_mean_g, _, _ = group_stats(adv_b, valid_b, algo.group_size)
+  metrics['invariant/group_adv_mean_max'] = jnp.max(jnp.abs(adv_mean_g))
+  p = rollout.prompt_tokens_bp.shape[1]
+  metrics['invariant/prompt_loss_tokens'] = loss_mask_bl[:, :p - 1].sum()
   # Sampler/trainer mismatch: same params, so only numerics and sampling temperature differ.
   metrics['mismatch/logp_abs_diff'] = masked_mean(jnp.abs(old_logp_bl - sampler_logp_bl),
                                                   loss_mask_bl)
   return batch, metrics
 
 
-def loss_fn(params, mb, *, graphdef, algo: GRPOConfig):
-  """Micro-batch loss as (sum, (count, metric sums)); see train_state.accumulate_grads."""
+def loss_fn(params, mb, *, graphdef, algo: GRPOConfig, kl_coef=None):
+  """Micro-batch loss as (sum, (count, metric sums)); see train_state.accumulate_grads.
+
+  kl_coef (a traced scalar, default algo.kl_coef) weights the KL term when algo.use_reference.
+  """
   logp_bl, entropy_bl = sequence_logprobs(graphdef, params, mb['tokens'], mb['mask'])
   mask_bl = mb['loss_mask']
   pg_bl, stats = registry.get_loss(algo.loss)(logp_bl, mb['old_logp'], mb['adv'], mask_bl,
                                               clip_eps=algo.clip_eps)
   kl_bl = kl_penalty(logp_bl, mb['ref_logp'], algo.kl_estimator)
-  loss_bl = pg_bl + algo.kl_coef * kl_bl if algo.kl_coef > 0 else pg_bl
+  kl_coef = algo.kl_coef if kl_coef is None else kl_coef
+  loss_bl = pg_bl + kl_coef * kl_bl if algo.use_reference else pg_bl
   agg = registry.get_loss_agg(algo.loss_agg)
   loss_sum, count = agg(loss_bl, mask_bl)
   sg = jax.lax.stop_gradient
@@ -110,9 +128,11 @@ def loss_fn(params, mb, *, graphdef, algo: GRPOConfig):
 
 def train_step(state: ts.TrainState, batch: dict, *, graphdef, algo: GRPOConfig, tx, schedule):
   """One optimiser update on a prepared batch -> (state, metrics). Pure; jit with donation."""
+  kl_coef = state.control('kl_coef', algo.kl_coef)
   grads, metrics = ts.accumulate_grads(
-      lambda p, mb: loss_fn(p, mb, graphdef=graphdef, algo=algo), state.params, batch,
-      algo.microbatches)
+      lambda p, mb: loss_fn(p, mb, graphdef=graphdef, algo=algo, kl_coef=kl_coef), state.params,
+      batch, algo.microbatches)
+  metrics['kl_coef'] = kl_coef
   state, opt_stats = ts.apply_gradients(state, grads, tx, schedule)
   metrics['clip_frac'] = metrics['clip_frac/low'] + metrics['clip_frac/high']
   return state, {**metrics, **opt_stats}

@@ -15,9 +15,21 @@ from flax import struct
 
 @struct.dataclass
 class TrainState:
-  step: jax.Array          # int32 scalar: optimiser updates applied so far
-  params: Any              # pure dict of float32 arrays (nnx.to_pure_dict layout)
+  """step: int32 scalar, optimiser updates taken so far (skipped non-finite ones included).
+  params: pure dict of float32 arrays (nnx.to_pure_dict layout). controls: run-time knobs the
+  host may change between steps without recompiling (e.g. {'lr_scale', 'kl_coef'} as float32
+  scalars), None = defaults. monitor: the failure monitor's state, or None.
+  """
+  step: jax.Array
+  params: Any
   opt_state: Any
+  controls: Any = None
+  monitor: Any = None
+
+  def control(self, name: str, default: float) -> jax.Array:
+    if self.controls is None or name not in self.controls:
+      return jnp.float32(default)
+    return self.controls[name]
 
 
 def lr_schedule(optim_cfg) -> optax.Schedule:
@@ -68,9 +80,22 @@ def accumulate_grads(loss_fn: Callable, params, batch: dict, microbatches: int):
 
 
 def apply_gradients(state: TrainState, grads, tx: optax.GradientTransformation, schedule):
-  """One optimiser update -> (new state, {'grad_norm', 'update_norm', 'param_norm', 'lr'})."""
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  """One optimiser update -> (new state, {'grad_norm', 'update_norm', 'param_norm', 'lr', ...}).
+
+  The update is scaled by controls['lr_scale'] (default 1): for AdamW this is the learning rate
+  times lr_scale. Non-finite gradients skip the update entirely (params and optimizer state kept,
+  'update_skipped' = 1) so one bad batch cannot destroy the run; the step counter still advances.
+  """
+  grad_norm = optax.tree.norm(grads)
+  finite = jnp.isfinite(grad_norm)
+  safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
+  updates, opt_state = tx.update(safe_grads, state.opt_state, state.params)
+  updates = jax.tree.map(lambda u: u * state.control('lr_scale', 1.0), updates)
   params = optax.apply_updates(state.params, updates)
-  stats = {'grad_norm': optax.tree.norm(grads), 'update_norm': optax.tree.norm(updates),
-           'param_norm': optax.tree.norm(params), 'lr': schedule(state.step)}
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+  params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+  stats = {'grad_norm': grad_norm, 'update_norm': optax.tree.norm(updates) * finite,
+           'param_norm': optax.tree.norm(params),
+           'lr': schedule(state.step) * state.control('lr_scale', 1.0),
+           'update_skipped': 1.0 - finite.astype(jnp.float32)}
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), stats
