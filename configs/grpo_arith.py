@@ -75,6 +75,18 @@ def get_config(arg: str = ''):
 
   config.mesh = common.mesh()
 
+  # Failure monitor (rft_jax/monitor): updated on device every step from the telemetry.
+  # mode: off | warn (report incidents) | halt (stop on a critical one) | auto (restore the last
+  # checkpoint before onset, apply one targeted action, undo it if it does not help).
+  config.monitor = ml_collections.ConfigDict()
+  config.monitor.mode = 'warn'
+  config.monitor.warmup = 10        # steps used to learn each signal's baseline
+  config.monitor.watch_steps = 10   # steps to judge a remediation before undoing it
+  config.monitor.lr_factor = 0.1    # 'lower_lr' multiplies the learning rate by this
+
+  # Fault injection (rft_jax/faults.py), e.g. [dict(type='lr_spike', onset_step=15, strength=50)].
+  config.faults = []
+
   config.telemetry = ml_collections.ConfigDict()
   config.telemetry.console = True
   config.telemetry.jsonl = True

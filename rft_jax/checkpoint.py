@@ -33,6 +33,17 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
+  def delete_after(self, step: int) -> list[int]:
+    """Deletes checkpoints newer than `step` (a rewound run's abandoned future); returns them."""
+    gone = [s for s in self.all_steps() if s > step]
+    for s in gone:
+      self._manager.delete(s)
+    return gone
+
+  def all_steps(self) -> list[int]:
+    """Steps of the complete checkpoints on disk, ascending."""
+    return sorted(self._manager.all_steps())
+
   def save(self, step: int, state: Any, data_state: dict, meta: dict) -> None:
     """Saves and waits: a checkpoint reported as written is complete on disk."""
     self._manager.save(step, args=ocp.args.Composite(

@@ -61,9 +61,13 @@ SCHEMA: dict[str, Any] = {
     'eval': {'num_prompts': int, 'k': int, 'temperature': float},
     'mesh': {'data': int, 'fsdp': int, 'tensor': int},
     'telemetry': {'console': bool, 'jsonl': bool, 'tensorboard': bool, 'plot': bool},
+    'monitor': {'mode': str, 'warmup': int, 'watch_steps': int, 'lr_factor': float},
+    'faults': list,   # [{type, onset_step, strength[, duration]}], see rft_jax/faults.py
 }
 
 RL_SECTIONS = ('rollout', 'rewards', 'algo')
+OPTIONAL_SECTIONS = ('monitor', 'faults')
+MONITOR_MODES = ('off', 'warn', 'halt', 'auto')
 SFT_SECTIONS = ('sft',)
 DTYPES = ('float32', 'bfloat16')
 KL_ESTIMATORS = ('k1', 'k2', 'k3')   # as in rft_jax.algorithms.losses.kl_penalty
@@ -96,7 +100,7 @@ def is_sft(config: ml_collections.ConfigDict) -> bool:
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError naming the first bad key of `config`; returns None if it is usable."""
-  _check_section(config, SCHEMA, '', optional=RL_SECTIONS + SFT_SECTIONS)
+  _check_section(config, SCHEMA, '', optional=RL_SECTIONS + SFT_SECTIONS + OPTIONAL_SECTIONS)
   required = SFT_SECTIONS if is_sft(config) else RL_SECTIONS
   for name in required:
     if name not in config:
@@ -115,9 +119,29 @@ def validate(config: ml_collections.ConfigDict) -> None:
   else:
     _check_rollout(config)
   _check_paths(config)
+  _check_monitor_and_faults(config)
   if not is_sft(config):
     _check_verifier_names(config)
     _check_algo_names(config)
+
+
+def _check_monitor_and_faults(config) -> None:
+  if 'monitor' in config:
+    m = config.monitor
+    if m.mode not in MONITOR_MODES:
+      raise ConfigError('monitor.mode', 'must be one of ' + ', '.join(MONITOR_MODES), m.mode)
+    for key, low in (('warmup', 2), ('watch_steps', 1)):
+      if m[key] < low:
+        raise ConfigError(f'monitor.{key}', f'must be >= {low}', m[key])
+    if not 0 < m.lr_factor < 1:
+      raise ConfigError('monitor.lr_factor', 'must be in (0, 1)', m.lr_factor)
+  if 'faults' in config:
+    from rft_jax import faults  # pylint: disable=g-import-not-at-top  (no JAX inside)
+    try:
+      faults.check_faults(list(config.faults))
+    except ValueError as e:
+      key, _, reason = str(e).partition(': ')
+      raise ConfigError(key, reason) from None
 
 
 # --- Structure and types ---------------------------------------------------------------------

@@ -53,7 +53,7 @@ def main(argv: Sequence[str]) -> int:
   if not flags.FLAGS.is_parsed():  # absl.logging warns until the global flags are parsed.
     flags.FLAGS.mark_as_parsed()
   # pylint: disable=g-import-not-at-top
-  from rft_jax import components, trainer
+  from rft_jax import components, runs, trainer
   run = trainer.run
   if config_lib.is_sft(config):
     from rft_jax import sft
@@ -65,7 +65,7 @@ def main(argv: Sequence[str]) -> int:
     # does not match the model): the same one-line usage error as a bad config.
     print(f'error: {_one_line(str(e))}', file=sys.stderr)
     return USAGE_ERROR
-  except trainer.TrainingError as e:
+  except runs.TrainingError as e:
     print(f'error: {_one_line(str(e))}', file=sys.stderr)
     return 1
   except KeyboardInterrupt:

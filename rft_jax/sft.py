@@ -1,6 +1,6 @@
 """The SFT loop (configs/sft_arith.py): builds the base policy that RL recipes start from.
 
-Same workdir layout, resume and telemetry as rft_jax/trainer.py, whose run helpers it reuses.
+Same workdir layout, resume and telemetry as rft_jax/runs.py, whose run helpers it reuses.
 `python -m tools.export_base WORKDIR` then writes the final params as a standalone checkpoint.
 """
 import functools
@@ -10,7 +10,7 @@ import time
 import jax
 import numpy as np
 
-from rft_jax import components, evaluation, trainer
+from rft_jax import components, evaluation, runs
 from rft_jax.algorithms import sft as sft_step
 from rft_jax.algorithms import train_state as ts
 from rft_jax.data import pipeline
@@ -31,12 +31,12 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       answer_len=config.sft.answer_len, batch_size=config.sft.batch_size, seed=config.seed,
       shard_index=jax.process_index(), shard_count=jax.process_count(),
       teacher_error_rate=config.sft.teacher_error_rate)
-  opened = trainer.open_run(config, workdir, c, tx, data_it, hooks_extra,
+  opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra,
                             console_keys=(('loss', 'loss'), ('token_acc', 'token acc')))
   state, shardings, ckpt, meta, hooks, start = opened
   total = config.train.steps
   if start >= total and 'final_eval' in meta:
-    return trainer.finish_complete_run(config, workdir, opened)
+    return runs.finish_complete_run(config, workdir, opened)
 
   batch_sh, rep = meshlib.batch_sharding(c.mesh), meshlib.replicated(c.mesh)
   step_fn = jax.jit(functools.partial(sft_step.train_step, graphdef=c.graphdef, tx=tx,
@@ -57,7 +57,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
     state, metrics = step_fn(state, batch)
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     if not np.isfinite(metrics['loss']):
-      raise trainer.TrainingError(
+      raise runs.TrainingError(
           f'non-finite loss at step {step}; last good checkpoint '
           f'(step {ckpt.latest_step() or "none"}) kept in {workdir}')
     dt = time.time() - t0
@@ -71,6 +71,6 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
     if step % config.train.ckpt_every == 0 or step == total:
       meta['wall_s'] = wall_before + time.time() - t_start
       ckpt.save(step, state, data_it.get_state(), meta)
-  summary = trainer.make_summary(config, meta['base_eval'], meta['final_eval'], total,
+  summary = runs.make_summary(config, meta['base_eval'], meta['final_eval'], total,
                                  wall_before + time.time() - t_start)
-  return trainer.finish_run(config, workdir, summary, hooks, ckpt)
+  return runs.finish_run(config, workdir, summary, hooks, ckpt)

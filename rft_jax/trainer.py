@@ -1,16 +1,14 @@
-"""The RL loop: sample -> reward -> advantages -> train step(s) -> telemetry -> eval -> checkpoint.
+"""The RL loop: sample -> reward -> advantages -> train step(s) -> monitor -> eval -> checkpoint.
 
-This is the only module with host-side control flow. Everything it calls on device is a pure,
-jitted function of pytrees (rft_jax/sampling, rft_jax/algorithms). A run lives in one workdir:
+This is the only module with host-side control flow for RL runs (rft_jax/runs.py holds the workdir
+lifecycle it shares with SFT). Everything it calls on device is a pure, jitted function of pytrees
+(rft_jax/sampling, rft_jax/algorithms, rft_jax/monitor). Running again in the same workdir resumes
+from the latest checkpoint (or reports that the run is already complete).
 
-  workdir/checkpoints/<step>/   orbax: train state, data-iterator state, run metadata
-  workdir/metrics.jsonl         one line per step / eval / message
-  workdir/tb/                   TensorBoard events
-  workdir/run.png               the run's main signals
-  workdir/summary.json          base vs final held-out accuracy, steps, wall seconds
-
-Running again in the same workdir resumes from the latest checkpoint (or reports that the run is
-already complete).
+The failure monitor's state lives in TrainState.monitor and is updated on device every step; its
+alarms come back with the step's metrics (no extra host round-trip). Incidents go to the console,
+metrics.jsonl (kind 'incident'), incidents.jsonl and the end-of-run report; remediation
+(config.monitor.mode) is executed here: see rft_jax/monitor/remediation.py for the policy.
 """
 import functools
 import json
@@ -21,21 +19,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rft_jax import components, evaluation
+from rft_jax import components, evaluation, faults, runs
 from rft_jax.algorithms import grpo
 from rft_jax.algorithms import train_state as ts
-from rft_jax.checkpoint import Checkpointer
 from rft_jax.data import pipeline
+from rft_jax.monitor import monitor as monlib
+from rft_jax.monitor.detectors import MonitorConfig
+from rft_jax.monitor.remediation import Controls, Remediator
+from rft_jax.monitor.signatures import SIGNATURES
 from rft_jax.parallel import mesh as meshlib
 from rft_jax.rewards.runner import RewardRunner
 from rft_jax.sampling.sampler import SamplingConfig, make_sampler
 from rft_jax.sampling.text import decode_completions
-from rft_jax.telemetry import sinks
-from rft_jax.telemetry.plot import plot_run
 
-
-class TrainingError(RuntimeError):
-  """A run that had to stop (e.g. non-finite loss); the last good checkpoint is kept."""
+TrainingError = runs.TrainingError
 
 
 def step_rng(seed: int, step: int) -> jax.Array:
@@ -43,89 +40,63 @@ def step_rng(seed: int, step: int) -> jax.Array:
   return jax.random.fold_in(jax.random.key(seed), step)
 
 
-def init_state(params, tx, state_shardings) -> ts.TrainState:
-  """Fresh TrainState built on device with the target shardings."""
-  make = lambda p: ts.TrainState(step=jnp.int32(0), params=p, opt_state=tx.init(p))
-  return jax.jit(make, out_shardings=state_shardings)(params)
+def monitor_settings(config):
+  """(mode, MonitorConfig or None, watch_steps, lr_factor) from config.monitor (optional)."""
+  m = config.get('monitor')
+  if m is None or m.mode == 'off':
+    return 'off', None, 10, 0.1
+  return m.mode, MonitorConfig(warmup=m.warmup), m.watch_steps, m.lr_factor
 
 
-def state_shardings(c: components.Components, tx):
-  like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), c.params)
-  rep = meshlib.replicated(c.mesh)
-  return ts.TrainState(step=rep, params=c.param_shardings,
-                       opt_state=meshlib.opt_state_shardings(tx, like, c.param_shardings, c.mesh))
+def device_controls(controls: Controls, config, step: int) -> dict:
+  """TrainState.controls for `step`: remediation's knobs times any injected fault."""
+  lr = controls.lr_scale * faults.lr_multiplier(config.get('faults', []), step)
+  return {'lr_scale': jnp.float32(lr), 'kl_coef': jnp.float32(controls.kl_coef)}
 
 
-def write_summary(workdir: str, summary: dict) -> None:
-  tmp = os.path.join(workdir, 'summary.json.tmp')
-  with open(tmp, 'w') as f:
-    json.dump(summary, f, indent=2, sort_keys=True)
-  os.replace(tmp, os.path.join(workdir, 'summary.json'))
+def observe(state: ts.TrainState, metrics: dict, *, mcfg):
+  """Monitor update on device -> (state, alarm arrays); identity when the monitor is off."""
+  if mcfg is None:
+    return state, {}
+  mstate, alarms = monlib.monitor_update(state.monitor, metrics, mcfg)
+  return state.replace(monitor=mstate), alarms
 
 
-def make_summary(config, base_eval: dict, final_eval: dict, steps: int, wall_s: float) -> dict:
-  """summary.json fields (documented in the README)."""
-  k = config.eval.k
-  return {
-      'recipe': config.name,
-      'steps': steps,
-      'wall_s': round(wall_s, 1),
-      'base_greedy_acc': base_eval['eval/greedy_acc'],
-      f'base_mean@{k}_acc': base_eval[f'eval/mean@{k}_acc'],
-      'final_greedy_acc': final_eval['eval/greedy_acc'],
-      f'final_mean@{k}_acc': final_eval[f'eval/mean@{k}_acc'],
-      'eval_prompts': config.eval.num_prompts,
-      'eval_k': k,
-  }
+class IncidentLog:
+  """workdir/incidents.jsonl (every incident and action) and the end-of-run report."""
 
+  def __init__(self, workdir: str, resume_step: int):
+    self.path = os.path.join(workdir, 'incidents.jsonl')
+    self.entries = []
+    if os.path.exists(self.path):
+      with open(self.path) as f:
+        self.entries = [e for e in map(json.loads, f) if e['step'] <= resume_step]
+      self._rewrite()
 
-def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra=(),
-             console_keys=sinks.DEFAULT_CONSOLE_KEYS):
-  """Creates or resumes a run -> (state, state shardings, checkpointer, meta, hooks, start step).
+  def add(self, entry: dict) -> None:
+    self.entries.append(entry)
+    with open(self.path, 'a') as f:
+      f.write(json.dumps(entry) + '\n')
 
-  Resuming restores the train state onto this mesh, the data iterator and the run metadata from
-  the latest checkpoint; metrics logged after that checkpoint are dropped from metrics.jsonl.
-  """
-  shardings = state_shardings(c, tx)
-  state = init_state(c.params, tx, shardings)
-  ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'), keep=config.train.keep_checkpoints)
-  meta, start = {}, ckpt.latest_step() or 0
-  if start:
-    state, data_state, meta = ckpt.restore(start, state, shardings)
-    data_it.set_state(data_state)
-  hooks = sinks.make_sinks(workdir, console=config.telemetry.console,
-                           jsonl=config.telemetry.jsonl, tensorboard=config.telemetry.tensorboard,
-                           total_steps=config.train.steps, resume_step=start,
-                           console_keys=console_keys)
-  for h in hooks_extra:
-    hooks.append(h)
-  hooks.on_start(start, config.train.steps, {
-      'recipe': config.name, 'workdir': workdir, 'params': f'{c.model_cfg.num_params():,}',
-      'devices': f'{c.mesh.size} x {jax.devices()[0].platform}'})
-  if start and start < config.train.steps:
-    hooks.on_message(f'resumed from checkpoint at step {start}')
-  return state, shardings, ckpt, meta, hooks, start
+  def _rewrite(self) -> None:
+    with open(self.path + '.tmp', 'w') as f:
+      f.writelines(json.dumps(e) + '\n' for e in self.entries)
+    os.replace(self.path + '.tmp', self.path)
 
-
-def finish_complete_run(config, workdir, opened) -> dict:
-  """A second invocation of a finished run: say so, re-emit its summary, train nothing."""
-  _, _, ckpt, meta, hooks, start = opened
-  hooks.on_message(f'run already complete ({start}/{config.train.steps} steps) in {workdir}; '
-                   'delete the workdir or raise config.train.steps to train further')
-  summary = make_summary(config, meta['base_eval'], meta['final_eval'], start, meta['wall_s'])
-  return finish_run(config, workdir, summary, hooks, ckpt, plot=False)
-
-
-def finish_run(config, workdir, summary, hooks, ckpt, plot=True) -> dict:
-  """Writes summary.json and the plot, closes sinks and checkpointer."""
-  write_summary(workdir, summary)
-  if plot and config.telemetry.plot and config.telemetry.jsonl:
-    plot_run(os.path.join(workdir, 'metrics.jsonl'), os.path.join(workdir, 'run.png'),
-             title=config.name)
-  hooks.on_end(summary)
-  hooks.close()
-  ckpt.close()
-  return summary
+  def report(self) -> str:
+    """Human-readable summary of incidents and actions (also written to incidents.md)."""
+    incidents = [e for e in self.entries if e['kind'] == 'incident']
+    lines = [f'{len(incidents)} incident(s)']
+    for e in self.entries:
+      if e['kind'] == 'incident':
+        ev = ', '.join(f"{x['signal']} {x['direction']}" for x in e.get('evidence', [])[:3])
+        lines.append(f"- step {e['step']}: {e['fault_class']} [{e['severity']}] since step "
+                     f"{e['onset_step']} (score {e['score']:.2f}; {ev}); "
+                     f"suggested {e['remediation']}")
+      else:
+        lines.append(f"  - step {e['step']}: {e['kind']} {e.get('action', '')} "
+                     f"{e.get('reason', '')} {e.get('helped', '')}".rstrip())
+    return '\n'.join(lines)
 
 
 def run(config, workdir: str, hooks_extra=()) -> dict:
@@ -133,36 +104,46 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
   t_start = time.time()
   os.makedirs(workdir, exist_ok=True)
   c = components.build(config)
-  algo = grpo.GRPOConfig.from_config(config)
+  mode, mcfg, watch_steps, lr_factor = monitor_settings(config)
+  algo = grpo.GRPOConfig.from_config(config, use_reference=mode == 'auto')
   rollout_rows = config.rollout.prompts_per_step * config.rollout.group_size
   if rollout_rows % (meshlib.batch_divisor(c.mesh) * algo.microbatches):
     raise components.SetupError(
         f'config.rollout: prompts_per_step*group_size={rollout_rows} is not divisible by '
         f'data*fsdp={meshlib.batch_divisor(c.mesh)} times algo.microbatches={algo.microbatches}')
   tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
-  ref_params = jax.tree.map(jnp.copy, c.params) if algo.kl_coef > 0 else None
+  ref_params = jax.tree.map(jnp.copy, c.params) if algo.use_reference else None
   data_it = pipeline.prompt_batches(
       c.train_source, c.tokenizer, max_prompt_len=config.task.max_prompt_len,
       batch_size=config.rollout.prompts_per_step, seed=config.seed,
       shard_index=jax.process_index(), shard_count=jax.process_count())
-  r = open_run(config, workdir, c, tx, data_it, hooks_extra)
-  state, shardings, ckpt, meta, hooks, start = r
+  controls0 = Controls(kl_coef=algo.kl_coef, temperature=config.rollout.temperature)
+  opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra,
+                         controls=device_controls(controls0, config, 1),
+                         monitor=monlib.init_monitor(mcfg) if mcfg else None)
+  state, shardings, ckpt, meta, hooks, start = opened
   total = config.train.steps
   if start >= total and 'final_eval' in meta:
-    return finish_complete_run(config, workdir, r)
+    return runs.finish_complete_run(config, workdir, opened)
   batch_sh, rep = meshlib.batch_sharding(c.mesh), meshlib.replicated(c.mesh)
+  remediator = Remediator(mode, Controls(**meta.get('controls', controls0.as_dict())),
+                          watch_steps=watch_steps, lr_factor=lr_factor)
+  incident_log = IncidentLog(workdir, start)
 
-  sampler = make_sampler(c.graphdef, c.model_cfg, SamplingConfig(
-      max_new_tokens=config.rollout.max_new_tokens, eos_id=c.tokenizer.eos_id,
-      pad_id=c.tokenizer.pad_id, temperature=config.rollout.temperature,
-      top_k=config.rollout.top_k, top_p=config.rollout.top_p),
-      group_size=config.rollout.group_size)
+  @functools.cache
+  def sampler(temperature: float):   # one compiled sampler per temperature remediation asks for
+    return make_sampler(c.graphdef, c.model_cfg, SamplingConfig(
+        max_new_tokens=config.rollout.max_new_tokens, eos_id=c.tokenizer.eos_id,
+        pad_id=c.tokenizer.pad_id, temperature=temperature, top_k=config.rollout.top_k,
+        top_p=config.rollout.top_p), group_size=config.rollout.group_size)
   prepare = jax.jit(functools.partial(grpo.prepare_batch, graphdef=c.graphdef, algo=algo),
                     out_shardings=(batch_sh, rep))
   train_step = jax.jit(
       functools.partial(grpo.train_step, graphdef=c.graphdef, algo=algo, tx=tx,
                         schedule=schedule),
       in_shardings=(shardings, batch_sh), out_shardings=(shardings, rep), donate_argnums=0)
+  observe_fn = jax.jit(functools.partial(observe, mcfg=mcfg), donate_argnums=0,
+                       out_shardings=(shardings, rep))
   evaluator = evaluation.Evaluator(
       c.graphdef, c.model_cfg, c.tokenizer, components.eval_batch(c, config),
       max_new_tokens=config.rollout.max_new_tokens, k=config.eval.k,
@@ -175,34 +156,69 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
     meta['base_eval'] = evaluator(c.params)
     hooks.on_eval(0, {k.replace('eval/', 'eval/base_'): v for k, v in meta['base_eval'].items()})
   wall_before = meta.get('wall_s', 0.0)   # wall seconds of earlier invocations of this run
+  step = start
   try:
-    for step in range(start + 1, total + 1):
+    while step < total:
+      step += 1
       t0 = time.time()
       prompts = next(data_it)
-      rollout = sampler(state.params, prompts['prompt_tokens'], prompts['prompt_mask'],
-                        step_rng(config.seed, step))
+      rollout = sampler(remediator.controls.temperature)(
+          state.params, prompts['prompt_tokens'], prompts['prompt_mask'],
+          step_rng(config.seed, step))
       texts = decode_completions(c.tokenizer, rollout.tokens_bt, rollout.mask_bt)
       t1 = time.time()
       answers = np.repeat(prompts['answer'], config.rollout.group_size)
       rewards = runner(texts, list(answers))
       t2 = time.time()
-      batch, metrics = prepare(state.params, ref_params if ref_params is not None else
-                               state.params, rollout, jnp.asarray(rewards.total),
-                               jnp.asarray(rewards.valid))
+      batch, metrics = prepare(state.params, state.params if ref_params is None else ref_params,
+                               rollout, jnp.asarray(rewards.total), jnp.asarray(rewards.valid))
+      state = state.replace(controls=device_controls(remediator.controls, config, step))
       for _ in range(algo.updates_per_batch):
         state, step_metrics = train_step(state, batch)
-      metrics = {**jax.device_get(metrics), **jax.device_get(step_metrics)}
+      reward_metrics = rewards.metrics()
+      metrics = {**metrics, **step_metrics,
+                 **{k: jnp.float32(v) for k, v in reward_metrics.items()}}
+      state, alarms = observe_fn(state, metrics)
+      metrics, alarms = jax.device_get((metrics, alarms))   # the step's one host transfer
       metrics = {k: float(v) for k, v in metrics.items()}
-      if not np.isfinite(metrics['loss']):
-        raise TrainingError(f'non-finite loss at step {step}; stopped with the last good '
-                            f'checkpoint (step {ckpt.latest_step() or "none"}) kept in {workdir}')
+      if mcfg is not None:
+        metrics.update({k: float(v) for k, v in monlib.alarm_metrics(alarms).items()})
       t3 = time.time()
       gen_tokens = float(np.asarray(rollout.mask_bt).sum())
-      metrics.update(rewards.metrics())
       metrics.update({'time/step_s': t3 - t0, 'time/sample_s': t1 - t0,
                       'time/reward_s': t2 - t1, 'time/train_s': t3 - t2,
                       'throughput/tokens_per_s': gen_tokens / max(t3 - t0, 1e-9)})
       hooks.on_step(step, metrics)
+
+      if mcfg is not None:
+        decision = handle_alarms(alarms, step, remediator, hooks, incident_log)
+        if decision is not None and decision.halt:
+          raise TrainingError(
+              f'halted at step {step} by the failure monitor: {decision.reason}; last good '
+              f'checkpoint (step {ckpt.latest_step() or "none"}) kept in {workdir}; see '
+              f'{incident_log.path}')
+        if decision is not None and decision.restore_before is not None:
+          good = [s for s in ckpt.all_steps() if s < decision.restore_before]
+          if good:
+            state, data_state, restored_meta = ckpt.restore(max(good), state, shardings)
+            data_it.set_state(data_state)
+            ckpt.delete_after(max(good))   # checkpoints of the faulty trajectory
+            meta['last_eval'] = restored_meta.get('last_eval')
+            hooks.on_message(f'remediation: restored the checkpoint of step {max(good)} '
+                             f'(before onset at step {decision.restore_before})')
+            step = max(good)
+          else:
+            hooks.on_message('remediation: no checkpoint before the onset; continuing from '
+                             'the current state')
+        if decision is not None and decision.reset_reference:
+          ref_params = jax.tree.map(jnp.copy, state.params)
+        if decision is not None and decision.restore_before is not None and good:
+          continue   # rewound: the steps after the restored checkpoint run again
+        if not np.isfinite(metrics['loss']) and mode in ('off', 'warn'):
+          hooks.on_message(f'step {step}: non-finite loss; the update was skipped')
+      elif not np.isfinite(metrics['loss']):
+        raise TrainingError(f'non-finite loss at step {step}; stopped with the last good '
+                            f'checkpoint (step {ckpt.latest_step() or "none"}) kept in {workdir}')
       last = step == total
       if step % config.train.eval_every == 0 or last:
         result = evaluator(state.params)
@@ -212,9 +228,38 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
           meta['final_eval'] = result
       if step % config.train.ckpt_every == 0 or last:
         meta['wall_s'] = wall_before + time.time() - t_start
+        meta['controls'] = remediator.controls.as_dict()
         ckpt.save(step, state, data_it.get_state(), meta)
   finally:
     runner.close()
-  summary = make_summary(config, meta['base_eval'], meta['final_eval'], total,
-                         wall_before + time.time() - t_start)
-  return finish_run(config, workdir, summary, hooks, ckpt)
+  if mcfg is not None:
+    report = incident_log.report()
+    with open(os.path.join(workdir, 'incidents.md'), 'w') as f:
+      f.write(f'# Failure monitor report: {config.name}\n\n{report}\n')
+    hooks.on_message('failure monitor: ' + report.replace('\n', '\n  '))
+  summary = runs.make_summary(config, meta['base_eval'], meta['final_eval'], total,
+                              wall_before + time.time() - t_start)
+  summary['incidents'] = sum(e['kind'] == 'incident' for e in incident_log.entries)
+  return runs.finish_run(config, workdir, summary, hooks, ckpt)
+
+
+def handle_alarms(alarms, step, remediator: Remediator, hooks, incident_log: IncidentLog):
+  """Reports newly fired incidents, asks the remediator what to do, judges past actions.
+
+  Returns the Decision to execute (at most one per step), or None.
+  """
+  decision = None
+  for incident in monlib.incidents_from_alarms(alarms, step):
+    entry = {'kind': 'incident', **incident}
+    incident_log.add(entry)
+    hooks.on_incident(step, entry)
+    d = remediator.on_incident(incident, step)
+    decision = decision or d
+  active = np.asarray(alarms.active)
+  scores = {s.name: float(alarms.score[k]) if active[k] else 0.0
+            for k, s in enumerate(SIGNATURES)}
+  decision = decision or remediator.on_step(step, scores)
+  for entry in remediator.drain_log():
+    incident_log.add(entry)
+    hooks.on_incident(step, entry)
+  return decision

@@ -406,3 +406,10 @@ def test_lr_schedule_warmup():
 def test_lr_schedule_without_warmup_starts_at_lr():
   sched = ts.lr_schedule(SimpleNamespace(lr=2.0, warmup_steps=0))
   assert float(sched(0)) == 2.0
+
+
+def test_grpo_equal_rewards_give_exactly_zero_advantage():
+  """Rewards like 1.1 (not exactly representable) must not leave rounding residue / eps."""
+  rewards = jnp.array([1.1] * 8 + [0.1] * 8, jnp.float32)
+  adv = grpo_adv(rewards, jnp.ones(16, bool), 8)
+  assert np.all(np.asarray(adv) == 0.0)

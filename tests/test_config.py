@@ -88,7 +88,7 @@ def test_unknown_key_suggests_the_close_one(grpo):
 
 def test_unknown_section(grpo):
   grpo.monitr = ml_collections.ConfigDict({'x': 1})
-  assert str(_error(grpo)) == "config.monitr: unknown key"
+  assert str(_error(grpo)) == "config.monitr: unknown key (did you mean 'monitor'?)"
 
 
 def test_missing_key(grpo):
@@ -356,3 +356,15 @@ def test_main_dispatches_to_sft(monkeypatch, assets, tmp_path):
   rc = main_lib.main(['main', '--config', 'configs/sft_arith.py:tiny',
                       f'--config.tokenizer.path={assets[0]}', '--workdir', str(tmp_path)])
   assert rc == 0 and calls == [('sft_arith', str(tmp_path))]
+
+
+def test_monitor_mode_and_faults(grpo):
+  grpo.monitor.mode = 'panic'
+  assert str(_error(grpo)).startswith("config.monitor.mode='panic': must be one of off, warn")
+  grpo.monitor.mode = 'auto'
+  grpo.faults = [{'type': 'lr_spike', 'onset_step': 0, 'strength': 50.0}]
+  assert str(_error(grpo)) == 'config.faults[0].onset_step: must be an int >= 1'
+  grpo.faults = [{'type': 'gremlins', 'onset_step': 3, 'strength': 1.0}]
+  assert "config.faults[0].type='gremlins': unknown fault" in str(_error(grpo))
+  grpo.faults = [{'type': 'lr_spike', 'onset_step': 3, 'strength': 50.0}]
+  config_lib.validate(grpo)

@@ -12,7 +12,7 @@ import shutil
 
 from ml_collections import config_flags  # noqa: F401  (registers ConfigDict parsing)
 
-from rft_jax import checkpoint, components, trainer
+from rft_jax import checkpoint, components, runs
 from rft_jax.algorithms import train_state as ts
 
 
@@ -35,8 +35,8 @@ def main():
   config = load_config(args.config)
   c = components.build(config)
   tx = ts.make_optimizer(config.optim)
-  shardings = trainer.state_shardings(c, tx)
-  like = trainer.init_state(c.params, tx, shardings)
+  shardings = runs.state_shardings(c, tx)
+  like = runs.init_state(c.params, tx, shardings)
   ckpt = checkpoint.Checkpointer(os.path.join(args.workdir, 'checkpoints'))
   step = args.step if args.step is not None else ckpt.latest_step()
   if step is None:

@@ -34,5 +34,8 @@ def grpo(rewards_b, valid_b, group_size: int, *, scale_by_std: bool = True, eps:
   mean_b, std_b, _ = group_stats(rewards_b, valid_b, group_size)
   adv_b = rewards_b - mean_b
   if scale_by_std:
-    adv_b = adv_b / (std_b + eps)
+    # A group of equal rewards has std ~1e-8 from float rounding of its mean; dividing that
+    # residue by (std + eps) would give spurious advantages of order 0.01-0.1. Such groups carry
+    # no signal: their advantage is exactly 0.
+    adv_b = jnp.where(std_b > eps, adv_b / (std_b + eps), 0.0)
   return jnp.where(valid_b, adv_b, 0.0)

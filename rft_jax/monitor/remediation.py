@@ -83,7 +83,12 @@ class Remediator:
     self.watch_steps = watch_steps
     self.lr_factor = lr_factor
     self.watches: list[Watch] = []
-    self.log: list[dict[str, Any]] = []   # every decision and verdict, for incidents.jsonl
+    self.log: list[dict[str, Any]] = []   # decisions and verdicts not yet handed out
+
+  def drain_log(self) -> list[dict[str, Any]]:
+    """Decisions and verdicts since the last call (for incidents.jsonl and the hooks)."""
+    out, self.log = self.log, []
+    return out
 
   def on_incident(self, incident: dict, step: int) -> Decision | None:
     """Decision for a newly fired incident, or None when nothing is to be done."""

@@ -47,6 +47,13 @@ class Hook:
   def on_message(self, text: str) -> None:
     """Called with a free-form notice ('resumed from step 50', a warning)."""
 
+  def on_incident(self, step: int, incident: Mapping[str, Any]) -> None:
+    """Called when the failure monitor reports an incident or remediation takes an action.
+
+    incident: JSON-friendly dict with at least 'kind' ('incident' or 'action') and, for
+    incidents, 'fault_class', 'severity', 'onset_step', 'score' and 'evidence'.
+    """
+
   def on_end(self, summary: Mapping[str, Any]) -> None:
     """Called once when the run finishes, with a flat summary dict."""
 
@@ -85,6 +92,10 @@ class HookList(Hook):
   def on_message(self, text):
     for hook in self.hooks:
       hook.on_message(text)
+
+  def on_incident(self, step, incident):
+    for hook in self.hooks:
+      hook.on_incident(step, incident)
 
   def on_end(self, summary):
     for hook in self.hooks:

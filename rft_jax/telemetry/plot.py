@@ -3,6 +3,10 @@
 A 2x3 grid: reward mean (+- std band), KL, entropy, response length (mean and
 max), grad norm, and eval accuracy. Train series are drawn raw (faint) with a
 debiased EMA on top; a panel whose series are absent says 'no data'.
+Monitor incidents are marked on every train panel (a line at the detection step,
+a shaded span back to the onset, the fault class as label) and remediation
+actions as dotted lines; `plot_records` draws the same grid from in-memory
+records, e.g. a replayed log of another framework.
 
 Uses the object-oriented matplotlib API with the Agg canvas (no pyplot global
 state), so it is safe in headless processes, threads and notebooks.
@@ -12,16 +16,21 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from rft_jax.telemetry.sinks import read_jsonl
 
 _RAW_ALPHA = 0.35
 _MARKER_MAX_POINTS = 100
+_ACTION_KINDS = ('action', 'remediation')  # JSONL kinds of remediation actions
+_LABEL_MIN_GAP = 0.03  # fraction of the x data range between two labels of one fault class
+_INCIDENT_COLORS = ('tab:red', 'tab:purple', 'tab:brown', 'tab:pink', 'tab:olive',
+                    'tab:cyan', 'darkred', 'navy')
 
 
 def ema(values: Sequence[float], weight: float = 0.6) -> list[float]:
@@ -152,19 +161,85 @@ def _eval_panel(ax, records) -> None:
   ax.legend(fontsize=8)
 
 
-def plot_run(jsonl_path: str | os.PathLike, png_path: str | os.PathLike,
-             title: str = '') -> None:
-  """Renders the 2x3 summary grid of a run's metrics.jsonl to `png_path`.
+def _incident_colors(incidents: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+  """A fixed color per fault class, in order of first appearance."""
+  colors: dict[str, str] = {}
+  for incident in incidents:
+    name = str(incident.get('fault_class', 'incident'))
+    if name not in colors:
+      colors[name] = _INCIDENT_COLORS[len(colors) % len(_INCIDENT_COLORS)]
+  return colors
+
+
+def _step_value(event: Mapping[str, Any], key: str) -> float | None:
+  value = event.get(key)
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    return None
+  value = float(value)
+  return value if math.isfinite(value) else None
+
+
+def _mark_events(ax, incidents: Sequence[Mapping[str, Any]],
+                 remediations: Sequence[Mapping[str, Any]],
+                 colors: Mapping[str, str]) -> None:
+  """Marks incidents (shaded onset..step span, solid line, fault-class label) and
+  remediation actions (dotted line, action label) on one panel, keeping its x-limits
+  wide enough to show them."""
+  label_at = ax.get_xaxis_transform()  # x in data, y in axes fraction
+  # A burst of incidents of one class gets one label: the lines alone say how many.
+  min_gap = _LABEL_MIN_GAP * max(ax.dataLim.width, 1.0)
+  last_label: dict[str, float] = {}
+  for incident in sorted(incidents, key=lambda i: _step_value(i, 'step') or 0.0):
+    step = _step_value(incident, 'step')
+    if step is None:
+      continue
+    name = str(incident.get('fault_class', 'incident'))
+    color = colors[name]
+    onset = _step_value(incident, 'onset_step')
+    if onset is not None and onset < step:
+      ax.axvspan(onset, step, color=color, alpha=0.12, linewidth=0)
+    ax.axvline(step, color=color, linewidth=1.4, alpha=0.9)
+    if step - last_label.get(name, -math.inf) >= min_gap:
+      ax.text(step, 0.98, f' {name}', transform=label_at, rotation=90, ha='left',
+              va='top', fontsize=7, color=color, clip_on=True)
+      last_label[name] = step
+  for action in remediations:
+    step = _step_value(action, 'step')
+    if step is None:
+      continue
+    ax.axvline(step, color='black', linestyle=':', linewidth=1.3, alpha=0.8)
+    ax.text(step, 0.02, f' {action.get("action", "remediation")}', transform=label_at,
+            rotation=90, ha='left', va='bottom', fontsize=7, color='black', clip_on=True)
+
+
+def _events_legend(fig, colors: Mapping[str, str], remediations: bool) -> None:
+  """One figure-level legend for the incident classes and remediation lines."""
+  handles = [Line2D([], [], color=c, linewidth=1.4, label=name) for name, c in colors.items()]
+  if remediations:
+    handles.append(Line2D([], [], color='black', linestyle=':', label='remediation'))
+  if handles:
+    fig.legend(handles=handles, loc='outside lower center', ncols=min(len(handles), 6),
+               fontsize=8, title='incidents', title_fontsize=8)
+
+
+def plot_records(train: Sequence[Mapping[str, Any]], png_path: str | os.PathLike,
+                 title: str = '', evals: Sequence[Mapping[str, Any]] = (),
+                 incidents: Sequence[Mapping[str, Any]] = (),
+                 remediations: Sequence[Mapping[str, Any]] = ()) -> None:
+  """Renders the 2x3 summary grid from in-memory records to `png_path`.
 
   Args:
-    jsonl_path: a file written by `JsonlSink`.
+    train: per-step metric dicts, each with 'step' (e.g. `monitor.formats.load_run` output,
+      for replays of other frameworks' logs).
     png_path: the PNG to write (parent directories are created).
-    title: figure title; defaults to the JSONL file's directory name.
+    title: figure title.
+    evals: eval-result dicts, each with 'step'.
+    incidents: dicts with 'step', 'fault_class' and optionally 'onset_step': a solid line at
+      'step' and a shaded span from 'onset_step' on every train panel, labelled by class.
+    remediations: dicts with 'step' and optionally 'action': a dotted line on every train panel.
   """
-  records = read_jsonl(jsonl_path)
-  train = [r for r in records if r.get('kind') == 'train']
-  evals = [r for r in records if r.get('kind') == 'eval']
-
+  train = [dict(r) for r in train]
+  evals = [dict(r) for r in evals]
   fig = Figure(figsize=(15, 8.5), layout='constrained')
   FigureCanvasAgg(fig)
   axes = fig.subplots(2, 3)
@@ -176,9 +251,40 @@ def plot_run(jsonl_path: str | os.PathLike, png_path: str | os.PathLike,
   _grad_norm_panel(axes[1, 1], train)
   _eval_panel(axes[1, 2], evals)
 
-  if not title:
-    title = os.path.basename(os.path.dirname(os.path.abspath(jsonl_path)))
+  if incidents or remediations:
+    colors = _incident_colors(incidents)
+    for ax in (axes[0, 0], axes[0, 1], axes[0, 2], axes[1, 0], axes[1, 1]):
+      if ax.has_data():  # panels that say 'no data' stay blank
+        _mark_events(ax, incidents, remediations, colors)
+    _events_legend(fig, colors, bool(remediations))
+
   fig.suptitle(title)
   png_path = os.fspath(png_path)
   os.makedirs(os.path.dirname(os.path.abspath(png_path)), exist_ok=True)
   fig.savefig(png_path, dpi=110, format='png')
+
+
+def plot_run(jsonl_path: str | os.PathLike, png_path: str | os.PathLike,
+             title: str = '', incidents: Sequence[Mapping[str, Any]] = (),
+             remediations: Sequence[Mapping[str, Any]] = ()) -> None:
+  """Renders the 2x3 summary grid of a run's metrics.jsonl to `png_path`.
+
+  Records of kind 'incident' and of kind 'action' (remediation actions; 'remediation' is
+  accepted too) in the JSONL, as the trainer writes them, are marked on the train panels
+  together with any passed in `incidents` / `remediations` (see `plot_records`).
+
+  Args:
+    jsonl_path: a file written by `JsonlSink`.
+    png_path: the PNG to write (parent directories are created).
+    title: figure title; defaults to the JSONL file's directory name.
+    incidents: extra incident dicts (e.g. from an offline replay).
+    remediations: extra remediation-action dicts.
+  """
+  records = read_jsonl(jsonl_path)
+  if not title:
+    title = os.path.basename(os.path.dirname(os.path.abspath(jsonl_path)))
+  plot_records(
+      [r for r in records if r.get('kind') == 'train'], png_path, title=title,
+      evals=[r for r in records if r.get('kind') == 'eval'],
+      incidents=[r for r in records if r.get('kind') == 'incident'] + list(incidents),
+      remediations=[r for r in records if r.get('kind') in _ACTION_KINDS] + list(remediations))

@@ -151,6 +151,9 @@ class ConsoleSink(Hook):
   def on_message(self, text):
     self.console.print(text, markup=False, highlight=False)
 
+  def on_incident(self, step, incident):
+    self.console.print(describe_incident(step, incident), markup=False, highlight=False)
+
   def _stop_progress(self) -> None:
     if self._progress is not None:
       self._progress.stop()
@@ -293,6 +296,10 @@ class JsonlSink(Hook):
   def on_message(self, text):
     self.write(self._step, 'message', {'text': str(text)})
 
+  def on_incident(self, step, incident):
+    self.write(step, str(incident.get('kind', 'incident')),
+               {k: v for k, v in incident.items() if k not in ('kind', 'step')})
+
   def on_end(self, summary):
     self.write(self._step, 'end', summary)
 
@@ -345,6 +352,9 @@ class TensorBoardSink(Hook):
   def on_message(self, text):
     self._writer.add_text('messages', str(text), self._step)
 
+  def on_incident(self, step, incident):
+    self._writer.add_text('incidents', describe_incident(step, incident), step)
+
   def on_end(self, summary):
     lines = '\n'.join(f'- {k}: {format_summary_value(str(k), v)}'
                       for k, v in summary.items())
@@ -359,6 +369,18 @@ class TensorBoardSink(Hook):
 
 
 # ----------------------------------------------------------------------------
+
+
+def describe_incident(step: int, incident: Mapping[str, Any]) -> str:
+  """One line for a monitor incident or remediation action."""
+  if incident.get('kind', 'incident') != 'incident':
+    return (f"step {step}: remediation {incident.get('action')}: {incident.get('reason', '')}"
+            f" -> {incident.get('controls', '')}")
+  evidence = ', '.join(f"{e['signal']} {e['direction']} {format_value(e['score'])}"
+                       for e in incident.get('evidence', [])[:3])
+  return (f"step {step}: INCIDENT {incident.get('fault_class')} [{incident.get('severity')}] "
+          f"since step {incident.get('onset_step')}, score {format_value(incident.get('score'))}"
+          f" ({evidence}); suggested: {incident.get('remediation')}")
 
 
 def make_sinks(workdir: str | os.PathLike, *, console: bool = True,

@@ -1,0 +1,198 @@
+"""The failure-signature monitor: pure, jittable `monitor_update(state, metrics) -> (state, alarms)`.
+
+One call per training step, on device, inside or next to the train step:
+
+  mstate = init_monitor(cfg)
+  update = jax.jit(functools.partial(monitor_update, cfg=cfg))
+  mstate, alarms = update(mstate, metrics)            # metrics: dict of scalars (missing = ok)
+  if jax.device_get(alarms.fired).any():              # the only host round-trip, one bool
+    incidents = incidents_from_alarms(jax.device_get(alarms), step)
+
+Per step: the S drifting signals go through the detectors (detectors.py) -> up/down scores [S];
+the I invariants are checked exactly -> scores [I] (cfg.invariant_score when violated, else 0);
+then every signature k (signatures.SIGNATURES, K of them) evaluates
+  strength_k = min over its up/down conditions c of score_c / min_score_c
+  holds_k    = strength_k >= 1 and all its 'not_up' gates hold
+  active_k   = holds_k or (active_k(prev) and strength_k >= release and gates hold)
+  fired_k    = active_k and not active_k(prev)
+  onset_k    = earliest start among its conditions (CUSUM excursion start, or the first
+               violating step of an invariant streak), latched when it fires.
+While k is active, the baselines of the signals it uses stop adapting.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+import math
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rft_jax.monitor import signals as sig
+from rft_jax.monitor import signatures as sigs
+from rft_jax.monitor.detectors import DetectorState, MonitorConfig, detector_update, init_detectors
+
+__all__ = ['MonitorConfig', 'MonitorState', 'Alarms', 'init_monitor', 'monitor_update',
+           'incidents_from_alarms', 'alarm_metrics', 'run_monitor']
+
+_USES = sigs.uses_matrix()     # [K, S]
+
+
+@flax.struct.dataclass
+class MonitorState:
+  detectors: DetectorState
+  step: jnp.ndarray            # int32: updates seen so far (= index of the next update)
+  invariant_run: jnp.ndarray   # [I] int32: consecutive violating steps per invariant
+  active: jnp.ndarray          # [K] bool
+  onset: jnp.ndarray           # [K] int32: onset of the current/last firing (monitor steps)
+  fired_count: jnp.ndarray     # [K] int32
+
+
+@flax.struct.dataclass
+class Alarms:
+  fired: jnp.ndarray           # [K] bool   became active this step
+  active: jnp.ndarray          # [K] bool
+  score: jnp.ndarray           # [K] f32    strength (min over conditions of score / min_score)
+  onset: jnp.ndarray           # [K] int32  onset step (monitor steps) of the active firing
+  signal_up: jnp.ndarray       # [S] f32
+  signal_down: jnp.ndarray     # [S] f32
+  value: jnp.ndarray           # [S] f32    last valid raw value per signal
+  baseline: jnp.ndarray        # [S] f32    baseline in signal units (exp back from log space)
+  invariant: jnp.ndarray       # [I] f32    invariant scores (cfg.invariant_score if violated)
+  invariant_value: jnp.ndarray  # [I] f32   invariant inputs of this step
+  step: jnp.ndarray            # int32      monitor step index of this update
+
+
+def init_monitor(cfg: MonitorConfig) -> MonitorState:
+  k, i = len(sigs.SIGNATURES), len(sig.INVARIANTS)
+  return MonitorState(
+      detectors=init_detectors(cfg), step=jnp.zeros((), jnp.int32),
+      invariant_run=jnp.zeros((i,), jnp.int32), active=jnp.zeros((k,), bool),
+      onset=jnp.zeros((k,), jnp.int32), fired_count=jnp.zeros((k,), jnp.int32))
+
+
+def _invariants(state: MonitorState, metrics: Mapping[str, Any], cfg: MonitorConfig):
+  """-> (run [I], score [I], onset [I], value [I]) of the exact checks at this step."""
+  value = sig.invariant_vector(metrics)
+  kinds = [kind for _, kind, _ in sig.INVARIANTS]
+  is_nonfinite = np.array([kd == 'nonfinite' for kd in kinds])
+  violated = jnp.where(is_nonfinite, value > 0.5, value > sig.INVARIANT_THRESHOLD)
+  run = jnp.where(violated, state.invariant_run + 1, 0)
+  need = np.where(sig.INVARIANT_PERSIST, cfg.stall_persistence, 1)
+  score = jnp.where(run >= need, cfg.invariant_score, 0.0).astype(jnp.float32)
+  return run, score, state.step - run + 1, value
+
+
+def monitor_update(state: MonitorState, metrics: Mapping[str, jax.Array],
+                   cfg: MonitorConfig) -> tuple[MonitorState, Alarms]:
+  """One monitor step. Pure; jit with cfg static (functools.partial(monitor_update, cfg=cfg))."""
+  step = state.step
+  freeze = jnp.any(state.active[:, None] & _USES, axis=0)                        # [S]
+  det, up, down = detector_update(state.detectors, sig.metrics_vector(metrics), step, cfg,
+                                  freeze)
+  inv_run, inv_score, inv_onset, inv_value = _invariants(state, metrics, cfg)
+  warm = det.count >= cfg.warmup
+
+  def lookup(name: str, direction: str):
+    """(score, onset, warm) of one condition's signal and direction."""
+    if name in sig.INVARIANT_NAMES:
+      i = sig.INVARIANT_NAMES.index(name)
+      return inv_score[i], inv_onset[i], jnp.bool_(True)
+    s = sig.SIGNALS.index(name)
+    if direction == 'down':
+      return down[s], det.cusum_neg_start[s], warm[s]
+    return up[s], det.cusum_pos_start[s], warm[s]
+
+  strength, gate, onset = [], [], []
+  for signature in sigs.SIGNATURES:
+    ratios, gates, starts = [], [], []
+    for c in signature.conditions:
+      score, start, is_warm = lookup(c.signal, c.direction)
+      if c.direction == 'not_up':
+        gates.append(is_warm & (score < cfg.not_up_max))
+      else:
+        ratios.append(score / c.min_score)
+        starts.append(start)
+    strength.append(jnp.min(jnp.stack(ratios)))
+    gate.append(jnp.all(jnp.stack(gates)) if gates else jnp.bool_(True))
+    onset.append(jnp.min(jnp.stack(starts)))
+  strength = jnp.stack(strength).astype(jnp.float32)
+  gate, onset = jnp.stack(gate), jnp.stack(onset).astype(jnp.int32)
+
+  holds = gate & (strength >= 1.0)
+  active = holds | (state.active & gate & (strength >= cfg.release))
+  fired = active & ~state.active
+  new_onset = jnp.where(fired, onset, state.onset)
+  new_state = MonitorState(
+      detectors=det, step=step + 1, invariant_run=inv_run, active=active, onset=new_onset,
+      fired_count=state.fired_count + fired.astype(jnp.int32))
+  alarms = Alarms(
+      fired=fired, active=active, score=strength, onset=new_onset, signal_up=up,
+      signal_down=down, value=det.last, baseline=sig.untransform(det.baseline),
+      invariant=inv_score, invariant_value=inv_value, step=step)
+  return new_state, alarms
+
+
+def run_monitor(metrics_seq: Mapping[str, jax.Array], cfg: MonitorConfig,
+                state: MonitorState | None = None) -> tuple[MonitorState, Alarms]:
+  """Scan the monitor over a recorded run: metrics_seq maps name -> [T] -> Alarms with [T, ...]
+  leaves. Jittable (cfg static) and vmappable over a leading trace axis."""
+  state = init_monitor(cfg) if state is None else state
+
+  def body(st, m):
+    return monitor_update(st, m, cfg)
+  xs = {k: jnp.asarray(v, jnp.float32) for k, v in metrics_seq.items()}
+  return jax.lax.scan(body, state, xs)
+
+
+def _num(v) -> float | None:
+  v = float(v)
+  return v if math.isfinite(v) else None
+
+
+def incidents_from_alarms(alarms: Alarms, step: int) -> list[dict]:
+  """Host-side: one JSON-serialisable dict per signature that fired in this step's `alarms`
+  (host numpy from jax.device_get), most serious and specific first (signatures.rank_key).
+
+  `step` is the caller's step number for this update; onset_step is mapped into the same
+  numbering. Evidence lists every condition: signal, direction, score, and for drifting signals
+  the last value and the baseline it is compared with (signal units).
+  """
+  fired = np.asarray(alarms.fired)
+  out = []
+  for k in np.flatnonzero(fired):
+    s = sigs.SIGNATURES[k]
+    evidence = []
+    for c in s.conditions:
+      if c.signal in sig.INVARIANT_NAMES:
+        i = sig.INVARIANT_NAMES.index(c.signal)
+        evidence.append({'signal': c.signal, 'direction': c.direction,
+                         'score': _num(alarms.invariant[i]),
+                         'value': _num(alarms.invariant_value[i])})
+        continue
+      j = sig.SIGNALS.index(c.signal)
+      scores = alarms.signal_down if c.direction == 'down' else alarms.signal_up
+      evidence.append({'signal': c.signal, 'direction': c.direction,
+                       'score': _num(scores[j]), 'value': _num(alarms.value[j]),
+                       'baseline': _num(alarms.baseline[j])})
+    lag = int(alarms.step) - int(alarms.onset[k])
+    out.append({
+        'step': int(step), 'onset_step': int(step) - lag, 'signature': s.name,
+        'fault_class': s.fault_class, 'severity': s.severity, 'remediation': s.remediation,
+        'description': s.description, 'score': _num(alarms.score[k]), 'evidence': evidence})
+  out.sort(key=lambda inc: sigs.rank_key(sigs.SIGNATURES[sigs.SIGNATURE_NAMES.index(
+      inc['signature'])], inc['score'] or 0.0))
+  return out
+
+
+def alarm_metrics(alarms: Alarms) -> dict[str, jax.Array]:
+  """Flat telemetry: 'monitor/active/<signature>' (0/1), 'monitor/score/<signature>', and
+  'monitor/num_active'. Works on device arrays (inside jit) and on host numpy."""
+  out = {}
+  for k, name in enumerate(sigs.SIGNATURE_NAMES):
+    out[f'monitor/active/{name}'] = alarms.active[k].astype(jnp.float32)
+    out[f'monitor/score/{name}'] = alarms.score[k]
+  out['monitor/num_active'] = alarms.active.sum().astype(jnp.float32)
+  return out

@@ -1,0 +1,118 @@
+"""The signals the failure monitor watches, and its exact invariant checks.
+
+A *signal* is one scalar telemetry series the trainer emits every step (names as in
+`rft_jax.telemetry.metrics`). The monitor models each signal's healthy drift (detectors.py);
+*invariants* are exact properties of a correct GRPO step that need no model: a single violation
+is a fault.
+
+Signals are standardised on a per-signal scale before detection:
+
+  y = log(max(x, 0) + offset_s)   for multiplicative (positive, heavy-tailed) signals: kl,
+                                   entropy, lengths, norms, the sampler mismatch, lr
+  y = x                            for bounded / additive signals: rewards, fractions, ratio, loss
+
+In log space a KL that doubles moves by the same amount at 0.01 and at 1.0, lognormal noise
+becomes Gaussian, and an exponential blow-up becomes a linear ramp. `offset_s` keeps exact zeros
+(KL at step 0) finite. `floor_s` is the smallest robust scale the detector may use for the signal
+(transformed units), so a constant signal (lr, adv/mean of GRPO) cannot give infinite z-scores.
+
+Missing metrics are NaN: a NaN observation leaves that signal's detector untouched.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+# (name, log offset (0: identity transform), absolute scale floor in transformed units)
+SIGNAL_TABLE: tuple[tuple[str, float, float], ...] = (
+    ('reward/mean', 0.0, 0.01),
+    ('reward/std', 0.0, 0.01),
+    ('reward/zero_std_frac', 0.0, 0.02),
+    ('reward/correct/mean', 0.0, 0.01),
+    ('response/len_mean', 1.0, 0.01),
+    ('response/clip_frac', 0.0, 0.005),
+    ('kl', 1e-3, 0.05),
+    ('entropy', 1e-3, 0.01),
+    ('clip_frac', 0.0, 0.002),
+    ('ratio/mean', 0.0, 1e-3),
+    ('grad_norm', 1e-6, 0.05),
+    ('update_norm', 1e-12, 0.02),
+    ('loss', 0.0, 1e-3),
+    ('adv/mean', 0.0, 1e-4),
+    ('mismatch/logp_abs_diff', 1e-10, 0.05),
+    ('lr', 1e-12, 0.01),
+)
+
+SIGNALS: tuple[str, ...] = tuple(name for name, _, _ in SIGNAL_TABLE)
+LOG_OFFSET = np.array([off for _, off, _ in SIGNAL_TABLE], np.float32)    # [S]
+IS_LOG = LOG_OFFSET > 0                                                   # [S] bool
+SCALE_FLOOR = np.array([fl for _, _, fl in SIGNAL_TABLE], np.float32)    # [S]
+
+# Exact checks: (name, kind, threshold). Kinds:
+#   'nonfinite'      violated when any present source is NaN/Inf (threshold unused)
+#   'above'          violated when value > threshold, on the first such step
+#   'above_persist'  violated when value > threshold for MonitorConfig.stall_persistence
+#                    consecutive steps (a single all-equal batch is not a fault, a streak is)
+INVARIANTS: tuple[tuple[str, str, float], ...] = (
+    ('invariant/nonfinite', 'nonfinite', 0.0),
+    ('invariant/group_adv_mean_max', 'above', 1e-3),
+    ('invariant/prompt_loss_tokens', 'above', 0.0),
+    ('invariant/zero_std_frac', 'above_persist', 0.95),
+)
+INVARIANT_NAMES: tuple[str, ...] = tuple(name for name, _, _ in INVARIANTS)
+# The metric keys each invariant reads.
+INVARIANT_SOURCES: dict[str, tuple[str, ...]] = {
+    'invariant/nonfinite': ('loss', 'grad_norm'),
+    'invariant/group_adv_mean_max': ('invariant/group_adv_mean_max',),
+    'invariant/prompt_loss_tokens': ('invariant/prompt_loss_tokens',),
+    'invariant/zero_std_frac': ('reward/zero_std_frac',),
+}
+INVARIANT_THRESHOLD = np.array([thr for _, _, thr in INVARIANTS], np.float32)  # [I]
+INVARIANT_PERSIST = np.array([kind == 'above_persist' for _, kind, _ in INVARIANTS])  # [I]
+
+
+def _scalar(value: Any) -> jnp.ndarray:
+  return jnp.asarray(value, jnp.float32).reshape(())
+
+
+def metrics_vector(metrics: Mapping[str, Any]) -> jnp.ndarray:
+  """The watched signals of one step as a vector x [S] (float32), NaN where a key is missing.
+
+  Works inside jit (a dict of jnp scalars: the key set is static) and on host (floats).
+  """
+  nan = jnp.float32(jnp.nan)
+  return jnp.stack([_scalar(metrics[k]) if k in metrics else nan for k in SIGNALS])
+
+
+def invariant_vector(metrics: Mapping[str, Any]) -> jnp.ndarray:
+  """The invariant inputs of one step, v [I] (float32), NaN where the sources are missing.
+
+  'invariant/nonfinite' is 1.0 when any present source ('loss', 'grad_norm') is NaN or +-Inf,
+  0.0 when all present sources are finite, NaN when none is present. The others are the raw
+  value of their source key.
+  """
+  out = []
+  for name, kind, _ in INVARIANTS:
+    keys = [k for k in INVARIANT_SOURCES[name] if k in metrics]
+    if not keys:
+      out.append(jnp.float32(jnp.nan))
+    elif kind == 'nonfinite':
+      bad = jnp.stack([~jnp.isfinite(_scalar(metrics[k])) for k in keys]).any()
+      out.append(bad.astype(jnp.float32))
+    else:
+      out.append(_scalar(metrics[keys[0]]))
+  return jnp.stack(out)
+
+
+def transform(x: jnp.ndarray) -> jnp.ndarray:
+  """x [S] raw -> y [S] detector units: log(max(x,0) + offset) for log signals, x otherwise."""
+  logged = jnp.log(jnp.maximum(x, 0.0) + LOG_OFFSET)
+  return jnp.where(IS_LOG, logged, x)
+
+
+def untransform(y: jnp.ndarray) -> jnp.ndarray:
+  """Inverse of `transform` (for reporting baselines in the signal's own units)."""
+  return jnp.where(IS_LOG, jnp.exp(y) - LOG_OFFSET, y)

@@ -1,0 +1,165 @@
+"""Synthetic GRPO telemetry traces, healthy and with injected faults (tests, false-alarm tool).
+
+`healthy_trace` draws one run's worth of per-step metrics, shaped like real GRPO runs on a
+verifiable task, with every speed and noise level randomised per trace:
+  reward/correct/mean  p_t + N(0, sd_r), p_t a sigmoid from r0 ~ U(.4,.6) to r1 ~ U(.85,.97)
+                       centred at U(.15,.5)*T with width U(15,45) steps; sd_r ~ U(.04,.09)
+  reward/mean          0.9 * correct + 0.1 * format (format verifier ~0.95, saturated)
+  reward/zero_std_frac rises with p from ~0.3 to ~0.8 (+-0.04)
+  kl                   kl_end * (1 - e^{-t/tau}) / (1 - e^{-T/tau}) * lognormal(sd_kl):
+                       0 at t=0, kl_end ~ U(.1,.3), tau ~ U(60,400), sd_kl ~ U(.1,.35)
+  entropy              e1 + (e0 - e1) e^{-t/tau_e}, e0 ~ U(.15,.25), e1 ~ U(.06,.1), x lognormal
+  response/len_mean    ~3.3 +- U(.03,.1), slow drift, +0.2..0.6 spikes on 0.5-3% of steps
+  response/clip_frac   ~0.03 +- 0.02 (spikes with length)
+  grad_norm            lognormal around U(.3,.8), sd U(.1,.3), x2-3 spikes on 0.5-3% of steps
+  mismatch             ~1e-7 lognormal; invariants exactly 0; lr constant.
+`inject(trace, fault_class, onset, strength)` overlays the pattern of one fault class from
+`onset` on (u = t - onset >= 0), keeping the trace's own noise.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+FAULT_CLASSES: tuple[str, ...] = (
+    'kl_explosion', 'entropy_collapse', 'entropy_explosion', 'length_blowup', 'length_collapse',
+    'reward_hacking', 'reward_collapse', 'gradient_explosion', 'reward_stall', 'sampler_mismatch',
+    'nan_loss', 'credit_assignment')
+
+
+def healthy_trace(rng: np.random.Generator, steps: int = 300) -> dict[str, np.ndarray]:
+  """One healthy run: metric name -> [steps] float64 (see module doc for the model)."""
+  t = np.arange(steps, dtype=np.float64)
+  u = rng.uniform
+
+  def noise(sd):
+    return rng.normal(0.0, sd, steps)
+
+  def lognormal(sd):
+    return np.exp(noise(sd) - sd * sd / 2)
+
+  def spikes(rate_lo, rate_hi):
+    return rng.random(steps) < u(rate_lo, rate_hi)
+
+  r0, r1 = u(0.4, 0.6), u(0.85, 0.97)
+  p = r0 + (r1 - r0) / (1 + np.exp(-(t - u(0.15, 0.5) * steps) / u(15, 45)))
+  correct = np.clip(p + noise(u(0.04, 0.09)), 0, 1)
+  fmt = np.clip(u(0.92, 0.99) + noise(0.01), 0, 1)
+  reward = 0.9 * correct + 0.1 * fmt
+  reward_std = np.sqrt(p * (1 - p)) * (1 + noise(0.05))
+  z0, z1 = u(0.25, 0.4), u(0.7, 0.85)
+  zero_std = np.clip(z0 + (z1 - z0) * (p - r0) / (r1 - r0) + noise(0.04), 0, 0.92)
+
+  tau = u(60, 400)
+  kl = u(0.1, 0.3) * (1 - np.exp(-t / tau)) / (1 - np.exp(-steps / tau)) * lognormal(u(0.1, 0.35))
+  e0, e1 = u(0.15, 0.25), u(0.06, 0.1)
+  entropy = (e1 + (e0 - e1) * np.exp(-t / u(60, 250))) * lognormal(u(0.02, 0.06))
+
+  len_spike = spikes(0.005, 0.03)
+  length = (u(3.0, 3.6) + u(-0.3, 0.3) * t / steps + noise(u(0.03, 0.1))
+            + len_spike * rng.uniform(0.2, 0.6, steps))
+  trunc = np.clip(u(0.01, 0.05) + noise(u(0.005, 0.02)) + len_spike * rng.uniform(
+      0.03, 0.1, steps), 0, 1)
+
+  g0 = u(0.3, 0.8)
+  grad = (g0 * np.exp(u(-0.3, 0.3) * t / steps) * lognormal(u(0.1, 0.3))
+          * np.where(spikes(0.005, 0.03), rng.uniform(2, 3, steps), 1.0))
+  update = u(5e-4, 2e-3) * lognormal(u(0.03, 0.1)) * (grad / g0) ** 0.2
+  loss = noise(u(0.005, 0.03)) + 0.04 * kl
+  zeros = np.zeros(steps)
+  return {
+      'reward/mean': reward, 'reward/std': reward_std, 'reward/zero_std_frac': zero_std,
+      'reward/correct/mean': correct, 'response/len_mean': length, 'response/clip_frac': trunc,
+      'kl': kl, 'entropy': entropy, 'clip_frac': u(0.002, 0.02) * lognormal(0.3),
+      'ratio/mean': 1 + noise(u(2e-4, 1e-3)), 'grad_norm': grad, 'update_norm': update,
+      'loss': loss, 'adv/mean': noise(1e-8),
+      'mismatch/logp_abs_diff': u(5e-8, 3e-7) * lognormal(0.2),
+      'lr': np.full(steps, 10 ** u(-6, -5)),
+      'invariant/group_adv_mean_max': zeros.copy(), 'invariant/prompt_loss_tokens': zeros.copy(),
+  }
+
+
+def inject(trace: dict[str, np.ndarray], fault_class: str, onset: int, strength: float = 1.0,
+           rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+  """A copy of `trace` with `fault_class` starting at step `onset`.
+
+  strength scales the fault's speed / size (1.0: the reference pattern below). For
+  'credit_assignment' rng picks the variant (mixed-up groups vs prompt tokens in the loss mask);
+  without rng it is the advantage variant.
+  """
+  out = {k: np.array(v, dtype=np.float64, copy=True) for k, v in trace.items()}
+  steps = len(out['kl'])
+  u = np.maximum(np.arange(steps) - onset, 0).astype(np.float64)
+  on = np.arange(steps) >= onset
+  s = strength
+
+  def ramp(tau):        # 0 before onset, -> 1 after with time constant tau/strength
+    return np.where(on, 1 - np.exp(-u * s / tau), 0.0)
+
+  def grow(rate, cap):  # multiplicative exponential growth from onset, capped
+    return np.exp(np.minimum(rate * s * u, np.log(cap)))
+
+  if fault_class == 'kl_explosion':         # updates run away from the reference
+    out['kl'] *= grow(0.35, 300.0)
+    out['grad_norm'] *= grow(0.08, 5.0)
+    out['clip_frac'] += 0.3 * ramp(6)
+    out['reward/mean'] -= 0.3 * np.where(u > 5, ramp(10), 0.0)
+  elif fault_class == 'entropy_collapse':   # the policy turns deterministic
+    e_on = out['entropy'][onset]
+    out['entropy'] *= np.maximum(np.exp(-u * s / 6), 0.01 / max(e_on, 1e-6))
+    out['reward/std'] *= 1 - 0.5 * ramp(8)
+    out['reward/zero_std_frac'] = np.minimum(out['reward/zero_std_frac'] + 0.1 * ramp(8), 0.92)
+  elif fault_class == 'entropy_explosion':  # the policy degenerates into noise
+    out['entropy'] *= grow(0.2, 8.0)
+    out['response/len_mean'] *= grow(0.06, 3.0)
+    out['response/clip_frac'] += (1 - out['response/clip_frac']) * 0.6 * ramp(15)
+    out['kl'] *= grow(0.05, 4.0)
+    out['reward/mean'] *= 1 - 0.5 * ramp(15)
+    out['reward/correct/mean'] *= 1 - 0.5 * ramp(15)
+  elif fault_class == 'length_blowup':      # responses grow to the generation limit
+    length = out['response/len_mean']
+    out['response/len_mean'] = length + (3 * length[onset] - length) * ramp(10)
+    out['response/clip_frac'] += (1 - out['response/clip_frac']) * ramp(10)
+  elif fault_class == 'length_collapse':    # responses shrink to almost nothing
+    out['response/len_mean'] *= 1 - 0.7 * ramp(8)
+    out['response/clip_frac'] *= 1 - ramp(8)
+  elif fault_class == 'reward_hacking':     # a verifier is exploited, correctness drops
+    out['reward/mean'] += 0.3 * ramp(6)
+    out['reward/correct/mean'] *= 1 - 0.4 * ramp(8)
+    out['kl'] *= 1 + 3 * ramp(10)
+    out['reward/std'] *= 1 - 0.3 * ramp(6)
+  elif fault_class == 'reward_collapse':    # the policy unlearns the task
+    for k in ('reward/mean', 'reward/correct/mean'):
+      out[k] *= 1 - 0.85 * ramp(6)
+    out['reward/zero_std_frac'] = np.minimum(out['reward/zero_std_frac'] + 0.15 * ramp(6), 0.92)
+  elif fault_class == 'gradient_explosion':  # a bad batch / lr spike, KL follows a few steps later
+    out['grad_norm'] *= grow(0.4, 1e3)
+    out['update_norm'] *= grow(0.1, 5.0)
+    out['kl'] *= np.exp(np.minimum(0.25 * s * np.maximum(u - 4, 0), np.log(100.0)))
+  elif fault_class == 'reward_stall':       # every group scores all-equal (all solved)
+    r = ramp(1.5)
+    out['reward/zero_std_frac'] += (0.99 - out['reward/zero_std_frac']) * r
+    out['reward/zero_std_frac'] = np.minimum(out['reward/zero_std_frac'], 1.0)
+    out['reward/std'] *= 1 - 0.95 * r
+    for k in ('reward/mean', 'reward/correct/mean'):
+      out[k] += (1.0 - out[k]) * 0.9 * r
+  elif fault_class == 'sampler_mismatch':   # sampler and trainer disagree (e.g. stale weights)
+    out['mismatch/logp_abs_diff'] *= 10.0 ** np.minimum(u * s, 3.0)
+    out['clip_frac'] *= 1 + 2 * ramp(3)
+  elif fault_class == 'nan_loss':           # one non-finite step
+    out['loss'][onset] = np.nan
+    out['grad_norm'][onset] = np.inf
+  elif fault_class == 'credit_assignment':
+    variant = 'adv' if rng is None else rng.choice(['adv', 'mask'])
+    if variant == 'adv':
+      out['invariant/group_adv_mean_max'][on] = 0.2 * s
+      out['adv/mean'][on] += 0.05 * s
+    else:
+      out['invariant/prompt_loss_tokens'][on] = np.ceil(8 * s)
+  else:
+    raise ValueError(f'unknown fault class {fault_class!r}; known: {FAULT_CLASSES}')
+  return out
+
+
+def stack_traces(traces: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+  """[N] traces of {name: [T]} -> {name: [N, T] float32} (for a vmapped run_monitor)."""
+  return {k: np.stack([tr[k] for tr in traces]).astype(np.float32) for k in traces[0]}

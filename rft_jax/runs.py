@@ -1,0 +1,114 @@
+"""A run's workdir lifecycle, shared by the RL and SFT loops: create or resume, summarise, close.
+
+  workdir/checkpoints/<step>/   orbax: train state, data-iterator state, run metadata
+  workdir/metrics.jsonl         one line per step / eval / message / incident
+  workdir/tb/                   TensorBoard events
+  workdir/run.png               the run's main signals
+  workdir/summary.json          base vs final held-out accuracy, steps, wall seconds
+"""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+
+from rft_jax import components
+from rft_jax.algorithms import train_state as ts
+from rft_jax.checkpoint import Checkpointer
+from rft_jax.parallel import mesh as meshlib
+from rft_jax.telemetry import sinks
+from rft_jax.telemetry.plot import plot_run
+
+
+class TrainingError(RuntimeError):
+  """A run that had to stop (non-finite loss, a halting incident); the last good checkpoint is
+  kept."""
+
+
+def init_state(params, tx, state_shardings, controls=None, monitor=None) -> ts.TrainState:
+  """Fresh TrainState built on device with the target shardings."""
+  make = lambda p: ts.TrainState(step=jnp.int32(0), params=p, opt_state=tx.init(p),
+                                 controls=controls, monitor=monitor)
+  return jax.jit(make, out_shardings=state_shardings)(params)
+
+
+def state_shardings(c: components.Components, tx, controls=None, monitor=None):
+  """Params and optimizer state per the logical rules; step, controls, monitor replicated."""
+  like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), c.params)
+  rep = meshlib.replicated(c.mesh)
+  return ts.TrainState(step=rep, params=c.param_shardings,
+                       opt_state=meshlib.opt_state_shardings(tx, like, c.param_shardings, c.mesh),
+                       controls=jax.tree.map(lambda _: rep, controls),
+                       monitor=jax.tree.map(lambda _: rep, monitor))
+
+
+def write_summary(workdir: str, summary: dict) -> None:
+  tmp = os.path.join(workdir, 'summary.json.tmp')
+  with open(tmp, 'w') as f:
+    json.dump(summary, f, indent=2, sort_keys=True)
+  os.replace(tmp, os.path.join(workdir, 'summary.json'))
+
+
+def make_summary(config, base_eval: dict, final_eval: dict, steps: int, wall_s: float) -> dict:
+  """summary.json fields (documented in the README)."""
+  k = config.eval.k
+  return {
+      'recipe': config.name,
+      'steps': steps,
+      'wall_s': round(wall_s, 1),
+      'base_greedy_acc': base_eval['eval/greedy_acc'],
+      f'base_mean@{k}_acc': base_eval[f'eval/mean@{k}_acc'],
+      'final_greedy_acc': final_eval['eval/greedy_acc'],
+      f'final_mean@{k}_acc': final_eval[f'eval/mean@{k}_acc'],
+      'eval_prompts': config.eval.num_prompts,
+      'eval_k': k,
+  }
+
+
+def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra=(),
+             console_keys=sinks.DEFAULT_CONSOLE_KEYS, controls=None, monitor=None):
+  """Creates or resumes a run -> (state, state shardings, checkpointer, meta, hooks, start step).
+
+  Resuming restores the train state onto this mesh, the data iterator and the run metadata from
+  the latest checkpoint; metrics logged after that checkpoint are dropped from metrics.jsonl.
+  """
+  shardings = state_shardings(c, tx, controls, monitor)
+  state = init_state(c.params, tx, shardings, controls, monitor)
+  ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'), keep=config.train.keep_checkpoints)
+  meta, start = {}, ckpt.latest_step() or 0
+  if start:
+    state, data_state, meta = ckpt.restore(start, state, shardings)
+    data_it.set_state(data_state)
+  hooks = sinks.make_sinks(workdir, console=config.telemetry.console,
+                           jsonl=config.telemetry.jsonl, tensorboard=config.telemetry.tensorboard,
+                           total_steps=config.train.steps, resume_step=start,
+                           console_keys=console_keys)
+  for h in hooks_extra:
+    hooks.append(h)
+  hooks.on_start(start, config.train.steps, {
+      'recipe': config.name, 'workdir': workdir, 'params': f'{c.model_cfg.num_params():,}',
+      'devices': f'{c.mesh.size} x {jax.devices()[0].platform}'})
+  if start and start < config.train.steps:
+    hooks.on_message(f'resumed from checkpoint at step {start}')
+  return state, shardings, ckpt, meta, hooks, start
+
+
+def finish_complete_run(config, workdir, opened) -> dict:
+  """A second invocation of a finished run: say so, re-emit its summary, train nothing."""
+  _, _, ckpt, meta, hooks, start = opened
+  hooks.on_message(f'run already complete ({start}/{config.train.steps} steps) in {workdir}; '
+                   'delete the workdir or raise config.train.steps to train further')
+  summary = make_summary(config, meta['base_eval'], meta['final_eval'], start, meta['wall_s'])
+  return finish_run(config, workdir, summary, hooks, ckpt, plot=False)
+
+
+def finish_run(config, workdir, summary, hooks, ckpt, plot=True) -> dict:
+  """Writes summary.json and the plot, closes sinks and checkpointer."""
+  write_summary(workdir, summary)
+  if plot and config.telemetry.plot and config.telemetry.jsonl:
+    plot_run(os.path.join(workdir, 'metrics.jsonl'), os.path.join(workdir, 'run.png'),
+             title=config.name)
+  hooks.on_end(summary)
+  hooks.close()
+  ckpt.close()
+  return summary

@@ -1,0 +1,164 @@
+"""Replays a recorded training log through the failure-signature monitor.
+
+  python -m tools.monitor_replay RUN.jsonl [--format auto|rft_jax|verl|trl|openrlhf] [--out DIR]
+
+RUN is an rft_jax metrics.jsonl, a JSONL of verl / TRL / OpenRLHF per-step log dicts, or TRL's
+trainer_state.json (see `rft_jax.monitor.formats`). Each logged step's metrics, renamed to rft_jax
+names, go through the same jitted `monitor_update` the trainer runs (a signal the log lacks is
+NaN, which the monitor treats as 'not observed'; see `step_inputs`). Prints one line per incident
+and a count, and writes DIR/incidents.jsonl (one {"step", "kind": "incident", ...} object per
+line, the trainer's format) and DIR/replay.png (the run's signals with the incidents marked).
+DIR defaults to <RUN's directory>/monitor_replay.
+
+Exit status: 0 after a replay (whether or not it found incidents); 2 with a one-line error when
+the file is missing or its format is unknown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from rft_jax.monitor import detectors, formats, monitor, signals
+from rft_jax.telemetry import plot, sinks
+
+_TOP_EVIDENCE = 3
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_update(cfg: detectors.MonitorConfig):
+  """The monitor update jitted once per config (cfg static), as the trainer runs it."""
+  return jax.jit(functools.partial(monitor.monitor_update, cfg=cfg))
+
+
+def _invariant_sources() -> frozenset[str]:
+  return frozenset(k for keys in signals.INVARIANT_SOURCES.values() for k in keys)
+
+
+def step_inputs(record: Mapping[str, Any]) -> dict[str, np.float32]:
+  """One logged step as the monitor's input: every watched signal as a float32 scalar, NaN
+  where the log lacks it (the detector then skips it). Keys read by the exact invariant checks
+  (loss, grad_norm, invariant/*, ...) are passed only when logged, since a NaN there means a
+  non-finite loss, not a missing one; a recorded NaN still reaches the check."""
+  names = dict.fromkeys(signals.SIGNALS)
+  names.update(dict.fromkeys(sorted(_invariant_sources())))
+  inputs = {}
+  for name in names:
+    if name in record:
+      inputs[name] = np.float32(_as_float(record[name]))
+    elif name not in _invariant_sources():
+      inputs[name] = np.float32(math.nan)
+  return inputs
+
+
+def replay(records: Sequence[Mapping[str, Any]],
+           cfg: detectors.MonitorConfig | None = None) -> list[dict[str, Any]]:
+  """Runs the monitor over `records` (rft_jax names, each with 'step'), in order.
+
+  Returns the incidents (`monitor.incidents_from_alarms` dicts) in the order they were raised,
+  with steps and onsets in the log's step numbering.
+  """
+  cfg = detectors.MonitorConfig() if cfg is None else cfg
+  update = _jitted_update(cfg)
+  state = monitor.init_monitor(cfg)
+  incidents: list[dict[str, Any]] = []
+  for record in records:
+    state, alarms = update(state, step_inputs(record))
+    if bool(jax.device_get(alarms.fired).any()):  # the only host round-trip on healthy steps
+      incidents.extend(monitor.incidents_from_alarms(jax.device_get(alarms),
+                                                     int(record['step'])))
+  return incidents
+
+
+def _as_float(value: Any) -> float:
+  if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+    return math.nan
+  return float(value)
+
+
+def _evidence_text(evidence: Sequence[Mapping[str, Any]]) -> str:
+  """The top evidence signals as 'name direction score', highest score first."""
+  items = []
+  for item in evidence:
+    if item.get('direction') == 'not_up':  # a gate, not evidence of the fault
+      continue
+    score = item.get('score')
+    items.append((item.get('signal', '?'), item.get('direction', ''),
+                  score if isinstance(score, (int, float)) else 0.0))
+  items.sort(key=lambda it: -it[2])
+  return ', '.join(f'{name} {direction} {score:.3g}' for name, direction, score
+                   in items[:_TOP_EVIDENCE])
+
+
+def format_incident(incident: Mapping[str, Any]) -> str:
+  """One console line: step, fault class, severity, onset, score, top evidence signals."""
+  score = incident.get('score')
+  score_text = f'{score:.3g}' if isinstance(score, (int, float)) else str(score)
+  name = str(incident.get('fault_class'))
+  if incident.get('signature') not in (None, name):
+    name += f' ({incident["signature"]})'
+  return (f'step {incident.get("step")}: {name}  '
+          f'severity={incident.get("severity")}  onset={incident.get("onset_step")}  '
+          f'score={score_text}  evidence: {_evidence_text(incident.get("evidence", ()))}')
+
+
+def write_incidents(path: str, incidents: Sequence[Mapping[str, Any]]) -> None:
+  """Writes `incidents` as the trainer does: {"step", "kind": "incident", ...} per line."""
+  if os.path.exists(path):
+    os.remove(path)
+  sink = sinks.JsonlSink(path)
+  try:
+    for incident in incidents:
+      sink.write(int(incident['step']), 'incident',
+                 {k: v for k, v in incident.items() if k != 'step'})
+  finally:
+    sink.close()
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(
+      prog='python -m tools.monitor_replay',
+      description='Replay a recorded RL training log through the rft_jax failure monitor.')
+  parser.add_argument('run', help='metrics JSONL (rft_jax/verl/TRL/OpenRLHF) or '
+                                  "TRL's trainer_state.json")
+  parser.add_argument('--format', default='auto',
+                      help='auto (default), ' + ', '.join(formats.FORMATS))
+  parser.add_argument('--out', default=None,
+                      help='output directory (default: <run dir>/monitor_replay)')
+  return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = _parse_args(argv)
+  try:
+    records = formats.load_run(args.run, args.format)
+  except (FileNotFoundError, ValueError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.run)), 'monitor_replay')
+  os.makedirs(out, exist_ok=True)
+
+  incidents = replay(records)
+  for incident in incidents:
+    print(format_incident(incident))
+  print(f'{len(incidents)} incident(s) over {len(records)} logged steps of {args.run}')
+
+  incidents_path = os.path.join(out, 'incidents.jsonl')
+  png_path = os.path.join(out, 'replay.png')
+  write_incidents(incidents_path, incidents)
+  plot.plot_records(records, png_path, title=f'replay: {os.path.basename(args.run)}',
+                    incidents=incidents)
+  print(f'wrote {incidents_path} and {png_path}')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
