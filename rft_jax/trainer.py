@@ -31,6 +31,7 @@ from rft_jax.parallel import mesh as meshlib
 from rft_jax.rewards.runner import RewardRunner
 from rft_jax.sampling.sampler import SamplingConfig, make_sampler
 from rft_jax.sampling.text import decode_completions
+from rft_jax.telemetry import sinks
 
 TrainingError = runs.TrainingError
 
@@ -94,8 +95,7 @@ class IncidentLog:
                      f"{e['onset_step']} (score {e['score']:.2f}; {ev}); "
                      f"suggested {e['remediation']}")
       else:
-        lines.append(f"  - step {e['step']}: {e['kind']} {e.get('action', '')} "
-                     f"{e.get('reason', '')} {e.get('helped', '')}".rstrip())
+        lines.append('  - ' + sinks.describe_incident(e['step'], e))
     return '\n'.join(lines)
 
 
@@ -191,7 +191,8 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       hooks.on_step(step, metrics)
 
       if mcfg is not None:
-        decision = handle_alarms(alarms, step, remediator, hooks, incident_log)
+        decision = handle_alarms(alarms, step, remediator, hooks, incident_log,
+                                 health=metrics.get('reward/mean'))
         if decision is not None and decision.halt:
           raise TrainingError(
               f'halted at step {step} by the failure monitor: {decision.reason}; last good '
@@ -243,7 +244,8 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
   return runs.finish_run(config, workdir, summary, hooks, ckpt)
 
 
-def handle_alarms(alarms, step, remediator: Remediator, hooks, incident_log: IncidentLog):
+def handle_alarms(alarms, step, remediator: Remediator, hooks, incident_log: IncidentLog,
+                  health: float | None = None):
   """Reports newly fired incidents, asks the remediator what to do, judges past actions.
 
   Returns the Decision to execute (at most one per step), or None.
@@ -258,7 +260,8 @@ def handle_alarms(alarms, step, remediator: Remediator, hooks, incident_log: Inc
   active = np.asarray(alarms.active)
   scores = {s.name: float(alarms.score[k]) if active[k] else 0.0
             for k, s in enumerate(SIGNATURES)}
-  decision = decision or remediator.on_step(step, scores)
+  verdict = remediator.on_step(step, scores, health)
+  decision = decision or verdict
   for entry in remediator.drain_log():
     incident_log.add(entry)
     hooks.on_incident(step, entry)

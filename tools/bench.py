@@ -1,4 +1,4 @@
-"""Benchmark the default recipe's model: sampler tokens/s, train-step tokens/s, achieved FLOP/s.
+"""Benchmark the default recipe: sampler and train-step tokens/s, FLOP/s, and the monitor's cost.
 
   python -m tools.bench [--config configs/grpo_arith.py] [--repeats 10]
 
@@ -21,6 +21,10 @@ from rft_jax import components
 from rft_jax.algorithms import grpo
 from rft_jax.algorithms import train_state as ts
 from rft_jax.data import pipeline
+from rft_jax.monitor import monitor as monlib
+from rft_jax.monitor.detectors import MonitorConfig
+from rft_jax.monitor.signals import SIGNALS
+from rft_jax.monitor.signatures import SIGNATURES
 from rft_jax.sampling.sampler import SamplingConfig, make_sampler
 from tools.export_base import load_config
 
@@ -87,6 +91,15 @@ def main():
   print(f'train step: {rows} rows x {batch["tokens"].shape[1]} tokens: {dt * 1e3:8.1f} ms  '
         f'{tokens / dt:10,.0f} tok/s  {flops / dt / 1e9:8.2f} GFLOP/s (XLA count '
         f'{flops / 1e9:.3f} GFLOP; analytic 6N/token {6 * n_params * tokens / 1e9:.3f})')
+
+  # The failure monitor's on-device update, on the metrics the step really produces.
+  _, metrics = step(state, batch)
+  mcfg = MonitorConfig()
+  mstate = monlib.init_monitor(mcfg)
+  update = jax.jit(functools.partial(monlib.monitor_update, cfg=mcfg))
+  dm = timed(update, (mstate, metrics), max(args.repeats, 50))
+  print(f'monitor   : {dm * 1e3:8.3f} ms per update = {100 * dm / dt:.2f}% of the train step '
+        f'({len(SIGNALS)} signals, {len(SIGNATURES)} signatures)')
 
 
 if __name__ == '__main__':

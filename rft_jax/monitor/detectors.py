@@ -69,6 +69,7 @@ class MonitorConfig:
   warmup: int = 10
   cusum_k: float = 0.5
   cusum_h: float = 8.0
+  cusum_cap: float = 2.0
   z_clip: float = 3.0
   ewma_alpha: float = 0.2
   z_thresh: float = 4.0
@@ -76,6 +77,7 @@ class MonitorConfig:
   baseline_rate: float = 0.1
   trend_rate: float = 0.02
   trend_damping: float = 1.0
+  frozen_rate: float = 0.1
   trend_shrink: float = 2.0
   var_rate: float = 0.02
   small_sample: float = 1.0
@@ -180,8 +182,9 @@ def detector_update(state: DetectorState, x: jnp.ndarray, step: jnp.ndarray,
   n = jnp.maximum(state.count, 1).astype(jnp.float32)
   z = (y0 - pred) / (state.scale * jnp.sqrt(1.0 + cfg.small_sample * w / n))
   zc = jnp.clip(z, -cfg.z_clip, cfg.z_clip)
-  cpos = jnp.maximum(0.0, state.cusum_pos + zc - cfg.cusum_k)
-  cneg = jnp.maximum(0.0, state.cusum_neg - zc - cfg.cusum_k)
+  cap = cfg.cusum_cap * cfg.cusum_h
+  cpos = jnp.clip(state.cusum_pos + zc - cfg.cusum_k, 0.0, cap)
+  cneg = jnp.clip(state.cusum_neg - zc - cfg.cusum_k, 0.0, cap)
   pos_start = jnp.where(state.cusum_pos <= 0.0, step, state.cusum_pos_start)
   neg_start = jnp.where(state.cusum_neg <= 0.0, step, state.cusum_neg_start)
   pup = jnp.where(z > cfg.z_thresh, state.persist_up + 1, 0)
@@ -191,9 +194,9 @@ def detector_update(state: DetectorState, x: jnp.ndarray, step: jnp.ndarray,
   slope = (1 - a) * state.slope + a * (y0 - y_last) / state.scale
 
   adapt = scoring & ~freeze
-  base = jnp.where(adapt, pred + cfg.baseline_rate * state.scale * zc, state.baseline)
-  trend = jnp.where(adapt, cfg.trend_damping * state.trend + cfg.trend_rate * state.scale * zc,
-                    state.trend)
+  gain = jnp.where(freeze, cfg.frozen_rate, 1.0) * state.scale * zc     # frozen: slow re-learning
+  base = jnp.where(scoring, pred + cfg.baseline_rate * gain, state.baseline)
+  trend = jnp.where(scoring, cfg.trend_damping * state.trend + cfg.trend_rate * gain, state.trend)
   var_gain = jnp.maximum(cfg.var_rate, 1.0 / n)
   resid2 = jnp.minimum(((y0 - pred) / state.scale) ** 2, cfg.z_clip ** 2) * state.scale ** 2
   ewvar = jnp.where(adapt, (1 - var_gain) * state.ewvar + var_gain * resid2, state.ewvar)

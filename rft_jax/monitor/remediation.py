@@ -8,7 +8,13 @@ decides. Modes (config.monitor.mode):
   halt   a critical incident stops the run; the last good checkpoint is kept
   auto   a critical incident triggers one targeted action: restore the last checkpoint taken
          before the incident's onset, change one control (below), then watch `watch_steps`
-         steps; if the incident's score has not fallen by then, the action is undone
+         steps. Verdict at the end of the watch:
+           - the incident's score has not fallen: the action is undone;
+           - it fell but the run's health (mean reward over the watch) is still below its level
+             before the onset (by more than `health_tol`): the action was too weak for the fault
+             (e.g. a persistent learning-rate fault); it is applied once more on top and the
+             checkpoint before the onset is restored again, at most `max_escalations` times;
+           - otherwise it helped and is kept.
 
 Controls are run-time knobs (TrainState.controls and the sampler temperature):
   lower_lr          lr_scale *= lr_factor (0.1)
@@ -63,25 +69,31 @@ def apply_action(action: str, c: Controls, lr_factor: float = 0.1,
 
 @dataclasses.dataclass
 class Watch:
-  """An action under observation: undone if the incident's score has not fallen by `until`."""
+  """An action under observation until step `until` (see the module doc for the verdict)."""
   signature: str
   action: str
   score_at_action: float
   controls_before: Controls
   until: int
+  onset: int
+  health_before: float | None
+  escalations: int = 0
 
 
 class Remediator:
   """Turns incidents into Decisions according to the mode, and judges past actions."""
 
   def __init__(self, mode: str, controls: Controls, watch_steps: int = 10,
-               lr_factor: float = 0.1):
+               lr_factor: float = 0.1, health_tol: float = 0.05, max_escalations: int = 2):
     if mode not in ('off', 'warn', 'halt', 'auto'):
       raise ValueError(f"monitor mode {mode!r}: expected off, warn, halt or auto")
     self.mode = mode
     self.controls = controls
     self.watch_steps = watch_steps
     self.lr_factor = lr_factor
+    self.health_tol = health_tol
+    self.max_escalations = max_escalations
+    self.health: dict[int, float] = {}   # step -> health signal (mean reward), latest pass
     self.watches: list[Watch] = []
     self.log: list[dict[str, Any]] = []   # decisions and verdicts not yet handed out
 
@@ -98,37 +110,65 @@ class Remediator:
     if self.mode == 'halt' or incident['remediation'] == 'halt':
       return self._record(step, Decision('halt', self.controls, halt=True,
                                          reason=f"{incident['fault_class']} (mode {self.mode})"))
-    if any(w.signature == incident['signature'] for w in self.watches):
-      return None      # an action for this signature is already being watched
+    if self.watches:
+      return None      # one action at a time: the one being watched is judged first
     action = incident['remediation']
     before = self.controls
     self.controls = apply_action(action, before, self.lr_factor)
     restore = incident['onset_step'] if action in RESTORING_ACTIONS else None
+    onset = int(incident['onset_step'])
+    resume_from = onset if restore is not None else step   # where the watched run restarts
     self.watches.append(Watch(incident['signature'], action, float(incident['score']), before,
-                              step + self.watch_steps))
+                              resume_from + self.watch_steps, onset, self._health_before(onset)))
     return self._record(step, Decision(
         action, self.controls, restore_before=restore,
         reset_reference=action == 'reset_reference',
-        reason=f"{incident['fault_class']} since step {incident['onset_step']}"))
+        reason=f"{incident['fault_class']} since step {onset}"))
 
-  def on_step(self, step: int, scores: dict[str, float]) -> Decision | None:
-    """Judges watched actions whose window has ended; returns an 'undo' Decision if one failed.
+  def _health_before(self, onset: int) -> float | None:
+    vals = [v for s, v in self.health.items() if onset - self.watch_steps <= s < onset]
+    return sum(vals) / len(vals) if vals else None
 
-    scores: the current score of every signature (0 when inactive).
+  def _health_over(self, start: int, end: int) -> float | None:
+    vals = [v for s, v in self.health.items() if start < s <= end]
+    return sum(vals) / len(vals) if vals else None
+
+  def on_step(self, step: int, scores: dict[str, float],
+              health: float | None = None) -> Decision | None:
+    """Judges watched actions whose window has ended (see the module doc).
+
+    scores: the current score of every signature (0 when inactive). health: this step's health
+    signal (mean reward), remembered per step (a rewound step overwrites its old value).
     """
+    if health is not None:
+      self.health[step] = float(health)
     due = [w for w in self.watches if step >= w.until]
     self.watches = [w for w in self.watches if step < w.until]
     decision = None
     for w in due:
       now = float(scores.get(w.signature, 0.0))
-      helped = now < w.score_at_action
+      fell = now < w.score_at_action
+      health_now = self._health_over(step - self.watch_steps, step)
+      recovered = (w.health_before is None or health_now is None or
+                   health_now >= w.health_before - self.health_tol)
       self.log.append({'step': step, 'kind': 'verdict', 'signature': w.signature,
                        'action': w.action, 'score_at_action': w.score_at_action,
-                       'score_now': now, 'helped': helped})
-      if not helped and w.action not in ('skip_batch', 'warn_only'):
+                       'score_now': now, 'health_before': w.health_before,
+                       'health_now': health_now, 'helped': fell and recovered})
+      if w.action in ('skip_batch', 'warn_only'):
+        continue
+      if not fell:
         self.controls = w.controls_before
         decision = self._record(step, Decision(f'undo_{w.action}', self.controls,
                                                reason=f'{w.signature} score did not fall'))
+      elif not recovered and w.escalations < self.max_escalations:
+        self.controls = apply_action(w.action, self.controls, self.lr_factor)
+        self.watches.append(dataclasses.replace(
+            w, until=w.onset + self.watch_steps, escalations=w.escalations + 1))
+        decision = self._record(step, Decision(
+            f'escalate_{w.action}', self.controls, restore_before=w.onset,
+            reason=(f'{w.signature}: reward {health_now:.3f} still below {w.health_before:.3f} '
+                    f'before the onset')))
     return decision
 
   def _record(self, step: int, d: Decision) -> Decision:

@@ -373,7 +373,15 @@ class TensorBoardSink(Hook):
 
 def describe_incident(step: int, incident: Mapping[str, Any]) -> str:
   """One line for a monitor incident or remediation action."""
-  if incident.get('kind', 'incident') != 'incident':
+  kind = incident.get('kind', 'incident')
+  if kind == 'verdict':
+    return (f"step {step}: verdict on {incident.get('action')} for {incident.get('signature')}: "
+            f"{'helped' if incident.get('helped') else 'did not help'} (score "
+            f"{format_value(incident.get('score_at_action'))} -> "
+            f"{format_value(incident.get('score_now'))}, reward "
+            f"{format_value(incident.get('health_before'))} -> "
+            f"{format_value(incident.get('health_now'))})")
+  if kind != 'incident':
     return (f"step {step}: remediation {incident.get('action')}: {incident.get('reason', '')}"
             f" -> {incident.get('controls', '')}")
   evidence = ', '.join(f"{e['signal']} {e['direction']} {format_value(e['score'])}"

@@ -1,0 +1,67 @@
+"""The remediation policy (host-side, pure Python): modes, undo, escalation."""
+import pytest
+
+from rft_jax.monitor.remediation import Controls, Remediator, apply_action
+
+
+def incident(score=5.0, onset=20, severity='critical', remediation='lower_lr'):
+  return {'signature': 'gradient_explosion', 'fault_class': 'gradient_explosion',
+          'severity': severity, 'remediation': remediation, 'onset_step': onset, 'score': score}
+
+
+def feed_health(r, steps, value):
+  for s in steps:
+    r.on_step(s, {}, value)
+
+
+def test_modes():
+  assert Remediator('warn', Controls()).on_incident(incident(), 22) is None
+  assert Remediator('auto', Controls()).on_incident(incident(severity='warn'), 22) is None
+  assert Remediator('halt', Controls()).on_incident(incident(), 22).halt
+  assert Remediator('auto', Controls()).on_incident(incident(remediation='halt'), 22).halt
+  with pytest.raises(ValueError, match='monitor mode'):
+    Remediator('panic', Controls())
+
+
+def test_apply_action():
+  c = Controls(lr_scale=1.0, kl_coef=0.0, temperature=1.0)
+  assert apply_action('lower_lr', c).lr_scale == pytest.approx(0.1)
+  assert apply_action('raise_kl_coef', c).kl_coef == pytest.approx(0.05)
+  assert apply_action('raise_kl_coef', Controls(kl_coef=0.1)).kl_coef == pytest.approx(0.2)
+  assert apply_action('raise_temperature', c).temperature == pytest.approx(1.25)
+  assert apply_action('warn_only', c) == c
+
+
+def test_action_restores_before_onset_and_is_kept_when_it_helped():
+  r = Remediator('auto', Controls(), watch_steps=5)
+  feed_health(r, range(10, 20), 0.8)
+  d = r.on_incident(incident(score=5.0, onset=20), 22)
+  assert d.action == 'lower_lr' and d.restore_before == 20
+  assert r.controls.lr_scale == pytest.approx(0.1)
+  assert r.on_incident(incident(), 23) is None          # one action at a time
+  feed_health(r, range(16, 24), 0.8)                    # the replay after the restore
+  assert r.on_step(25, {'gradient_explosion': 0.0}, 0.8) is None
+  verdicts = [e for e in r.drain_log() if e['kind'] == 'verdict']
+  assert verdicts[-1]['helped'] and r.controls.lr_scale == pytest.approx(0.1)
+
+
+def test_action_is_undone_when_the_score_did_not_fall():
+  r = Remediator('auto', Controls(), watch_steps=5)
+  r.on_incident(incident(score=5.0), 22)
+  d = r.on_step(25, {'gradient_explosion': 7.0}, None)
+  assert d.action == 'undo_lower_lr' and r.controls.lr_scale == 1.0
+
+
+def test_escalates_while_reward_stays_below_its_pre_onset_level():
+  r = Remediator('auto', Controls(), watch_steps=5, max_escalations=2)
+  feed_health(r, range(10, 20), 0.8)
+  r.on_incident(incident(score=5.0, onset=20), 22)
+  feed_health(r, range(16, 25), 0.5)                    # score fell but reward did not recover
+  d = r.on_step(25, {'gradient_explosion': 0.0}, 0.5)
+  assert d.action == 'escalate_lower_lr' and d.restore_before == 20
+  assert r.controls.lr_scale == pytest.approx(0.01)
+  feed_health(r, range(16, 25), 0.5)
+  assert r.on_step(25, {}, 0.5).action == 'escalate_lower_lr'
+  feed_health(r, range(16, 25), 0.5)
+  assert r.on_step(25, {}, 0.5) is None                 # at most max_escalations
+  assert r.controls.lr_scale == pytest.approx(0.001)
