@@ -4,7 +4,6 @@ import os
 import sys
 
 import numpy as np
-import pytest
 
 from configs import grpo_arith
 from rft_jax import trainer

@@ -10,7 +10,6 @@ import argparse
 import os
 import shutil
 
-from ml_collections import config_flags  # noqa: F401  (registers ConfigDict parsing)
 
 from rft_jax import checkpoint, components, runs
 from rft_jax.algorithms import train_state as ts

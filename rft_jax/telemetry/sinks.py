@@ -22,156 +22,17 @@ import json
 import math
 import numbers
 import os
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress,
-                           SpinnerColumn, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
-from rich.table import Table
-
+from rft_jax.telemetry.console import (DEFAULT_CONSOLE_KEYS, ConsoleSink,  # noqa: F401
+                                      describe_incident, format_summary_value, format_value)
 from rft_jax.telemetry.hooks import Hook, HookList
-
-DEFAULT_CONSOLE_KEYS = (('reward/mean', 'reward'), ('kl', 'kl'),
-                        ('entropy', 'entropy'), ('response/len_mean', 'len'))
 
 _NONFINITE_TO_JSON = {'nan': 'NaN', 'inf': 'Infinity', '-inf': '-Infinity'}
 _JSON_TO_NONFINITE = {'NaN': math.nan, 'Infinity': math.inf,
                       '-Infinity': -math.inf}
 _TEXT_FIELDS = ('kind', 'text')  # string fields never decoded as numbers
-
-
-def format_value(value: Any) -> str:
-  """Formats a metric compactly: 3 significant digits, no exponent for big numbers."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Real):
-    return str(value)
-  if isinstance(value, numbers.Integral):
-    return str(int(value))
-  value = float(value)
-  if not math.isfinite(value):
-    return str(value)  # 'nan', 'inf', '-inf'
-  if abs(value) >= 1000:
-    return f'{value:.0f}'
-  return f'{value:.3g}'
-
-
-def format_summary_value(key: str, value: Any) -> str:
-  """Like `format_value`, but fractions whose key contains 'acc' become percentages."""
-  if ('acc' in key and isinstance(value, numbers.Real)
-      and not isinstance(value, (bool, numbers.Integral))
-      and math.isfinite(float(value))):
-    return f'{100.0 * float(value):.1f}%'
-  return format_value(value)
-
-
-# ----------------------------------------------------------------------------
-# Console.
-
-
-class ConsoleSink(Hook):
-  """Live progress bar on a terminal; a plain line every ~5% of the run otherwise.
-
-  Eval results and messages are printed above the bar; `on_end` prints a
-  summary table. Missing metric keys are skipped and NaN prints as 'nan'.
-  """
-
-  def __init__(self, keys: Sequence[tuple[str, str]] = DEFAULT_CONSOLE_KEYS,
-               console: Console | None = None, total_steps: int = 0):
-    """Args:
-      keys: (metric name, short label) pairs shown with each step.
-      console: where to print; defaults to a rich Console on stdout.
-      total_steps: fallback total if `on_step` arrives without `on_start`.
-    """
-    self.keys = tuple(keys)
-    self.console = console if console is not None else Console()
-    self.total_steps = total_steps
-    self._live = self.console.is_terminal or self.console.is_jupyter
-    self._progress: Progress | None = None
-    self._task = None
-    self._started = False
-    self._t0 = time.monotonic()
-    self._start_step = 0
-    self._last_step = 0
-    self._last_printed = -1
-    self._last_values = ''
-
-  def on_start(self, step, total_steps, config_summary):
-    self.total_steps = total_steps
-    self._t0 = time.monotonic()
-    self._start_step = self._last_step = step
-    self._started = True
-    if config_summary:
-      text = '  '.join(f'{k}={v}' for k, v in config_summary.items())
-      self.console.print(text, markup=False, highlight=False)
-    if self._live:
-      self._progress = Progress(
-          SpinnerColumn(), TextColumn('[bold]train'), BarColumn(),
-          MofNCompleteColumn(), TextColumn('steps'), TimeElapsedColumn(), TextColumn('<'),
-          TimeRemainingColumn(), TextColumn('{task.fields[values]}'),
-          console=self.console, transient=False)
-      self._task = self._progress.add_task(
-          'train', total=max(total_steps, 1), completed=step, values='')
-      self._progress.start()
-
-  def _values_text(self, metrics: Mapping[str, float]) -> str:
-    parts = [f'{label} {format_value(metrics[key])}'
-             for key, label in self.keys if key in metrics]
-    return '  '.join(parts)
-
-  def _step_line(self, step: int) -> str:
-    elapsed = time.monotonic() - self._t0
-    values = f'  {self._last_values}' if self._last_values else ''
-    return f'step {step}/{self.total_steps}{values}  ({elapsed:.1f} s)'
-
-  def on_step(self, step, metrics):
-    if not self._started:
-      self.on_start(step - 1, max(self.total_steps, step), {})
-    self._last_step = step
-    self._last_values = self._values_text(metrics)
-    if self._progress is not None:
-      self._progress.update(self._task, completed=step, values=self._last_values)
-      return
-    every = max(1, self.total_steps // 20)
-    if (step % every == 0 or step >= self.total_steps
-        or step == self._start_step + 1):
-      self._print_step_line(step)
-
-  def _print_step_line(self, step: int) -> None:
-    self.console.print(self._step_line(step), markup=False, highlight=False)
-    self._last_printed = step
-
-  def on_eval(self, step, results):
-    parts = [f'{key.removeprefix("eval/")} {format_summary_value(key, value)}'
-             for key, value in results.items()]
-    self.console.print(f'eval @ step {step}:  ' + '  '.join(parts),
-                       markup=False, highlight=False)
-
-  def on_message(self, text):
-    self.console.print(text, markup=False, highlight=False)
-
-  def on_incident(self, step, incident):
-    self.console.print(describe_incident(step, incident), markup=False, highlight=False)
-
-  def _stop_progress(self) -> None:
-    if self._progress is not None:
-      self._progress.stop()
-      self._progress = None
-
-  def on_end(self, summary):
-    self._stop_progress()
-    if not self._live and self._started and self._last_printed != self._last_step:
-      self._print_step_line(self._last_step)
-    table = Table(title='run summary', show_header=True)
-    table.add_column('metric')
-    table.add_column('value', justify='right')
-    for key, value in summary.items():
-      table.add_row(str(key), format_summary_value(str(key), value))
-    self.console.print(table)
-
-  def close(self):
-    self._stop_progress()
 
 
 # ----------------------------------------------------------------------------
@@ -369,26 +230,6 @@ class TensorBoardSink(Hook):
 
 
 # ----------------------------------------------------------------------------
-
-
-def describe_incident(step: int, incident: Mapping[str, Any]) -> str:
-  """One line for a monitor incident or remediation action."""
-  kind = incident.get('kind', 'incident')
-  if kind == 'verdict':
-    return (f"step {step}: verdict on {incident.get('action')} for {incident.get('signature')}: "
-            f"{'helped' if incident.get('helped') else 'did not help'} (score "
-            f"{format_value(incident.get('score_at_action'))} -> "
-            f"{format_value(incident.get('score_now'))}, reward "
-            f"{format_value(incident.get('health_before'))} -> "
-            f"{format_value(incident.get('health_now'))})")
-  if kind != 'incident':
-    return (f"step {step}: remediation {incident.get('action')}: {incident.get('reason', '')}"
-            f" -> {incident.get('controls', '')}")
-  evidence = ', '.join(f"{e['signal']} {e['direction']} {format_value(e['score'])}"
-                       for e in incident.get('evidence', [])[:3])
-  return (f"step {step}: INCIDENT {incident.get('fault_class')} [{incident.get('severity')}] "
-          f"since step {incident.get('onset_step')}, score {format_value(incident.get('score'))}"
-          f" ({evidence}); suggested: {incident.get('remediation')}")
 
 
 def make_sinks(workdir: str | os.PathLike, *, console: bool = True,
