@@ -76,12 +76,12 @@ SIGNATURES: tuple[Signature, ...] = (
               'almost every group scores all-equal for several steps: no learning signal left'),
     # --- drift patterns ------------------------------------------------------------------------
     Signature('reward_hacking', 'reward_hacking', 'critical',
-              (C('reward/mean', 'up', 0.75), C('reward/correct/mean', 'not_up'),
-               C('kl', 'up', 0.5)), 'reset_reference',
+              (C('reward/mean', 'up', 0.6), C('reward/correct/mean', 'not_up'),
+               C('kl', 'up', 0.4)), 'reset_reference',
               'reward climbs while verified correctness does not, and the policy moves away from '
               'the reference: the reward is being exploited'),
     Signature('reward_correctness_divergence', 'reward_hacking', 'critical',
-              (C('reward/mean', 'up', 0.5), C('reward/correct/mean', 'down', 0.5)),
+              (C('reward/mean', 'up', 0.4), C('reward/correct/mean', 'down', 0.4)),
               'reset_reference',
               'reward climbs while verified correctness falls (they normally move together): '
               'the reward is being exploited'),
@@ -92,17 +92,19 @@ SIGNATURES: tuple[Signature, ...] = (
               (C('kl', 'up'), C('clip_frac', 'up')), 'raise_kl_coef',
               'KL jumps while the PPO clip fraction rises: updates leave the trust region'),
     Signature('gradient_explosion', 'gradient_explosion', 'critical',
-              (C('grad_norm', 'up'),), 'lower_lr',
+              (C('grad_norm', 'up', 1.5),), 'lower_lr',
               'gradient norm far above its healthy level'),
     Signature('entropy_collapse', 'entropy_collapse', 'warn',
-              (C('entropy', 'down'),), 'raise_temperature',
+              (C('entropy', 'down', 1.5),), 'raise_temperature',
               'policy entropy falls much faster than its healthy decline: exploration is dying'),
     Signature('entropy_explosion', 'entropy_explosion', 'critical',
               (C('entropy', 'up'), C('response/len_mean', 'up')), 'lower_lr',
               'entropy and response length rise together: the policy is degenerating into noise'),
     Signature('length_blowup', 'length_blowup', 'critical',
-              (C('response/len_mean', 'up'), C('response/clip_frac', 'up')), 'lower_lr',
-              'responses grow until they hit the generation limit'),
+              (C('response/len_mean', 'up'), C('response/clip_frac', 'up'),
+               C('entropy', 'not_up')), 'lower_lr',
+              'responses grow until they hit the generation limit while entropy stays normal '
+              '(with rising entropy it is entropy_explosion)'),
     Signature('length_collapse', 'length_collapse', 'warn',
               (C('response/len_mean', 'down'),), 'lower_lr',
               'responses shrink far below their healthy length'),
@@ -110,7 +112,7 @@ SIGNATURES: tuple[Signature, ...] = (
               (C('reward/mean', 'down'),), 'restore_and_lower_lr',
               'reward falls far below its healthy trajectory'),
     Signature('sampler_mismatch', 'sampler_mismatch', 'warn',
-              (C('mismatch/logp_abs_diff', 'up'),), 'warn_only',
+              (C('mismatch/logp_abs_diff', 'up', 1.5),), 'warn_only',
               'sampler and trainer log-probs disagree: the update is off-policy'),
 )
 del C
