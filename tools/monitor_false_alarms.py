@@ -11,7 +11,7 @@
    fraction where the right class is the first diagnosis (earliest firing, ties broken by
    signatures.rank_key), and false alarms per 1,000 steps before onset.
 
-All traces run in one jitted lax.scan over steps, vmapped over traces.
+All traces of a batch run as one monitor batch ([N] per signal) in one jitted lax.scan over steps.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from rft_jax.monitor.monitor import MonitorConfig, run_monitor
 @functools.partial(jax.jit, static_argnames='cfg')
 def _fired_scores(stacked, cfg):
   """{name: [N, T]} -> (fired [N, T, K] bool, score [N, T, K] f32)."""
-  _, alarms = jax.vmap(lambda m: run_monitor(m, cfg))(stacked)
+  _, alarms = run_monitor(stacked, cfg)
   return alarms.fired, alarms.score
 
 

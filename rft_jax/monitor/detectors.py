@@ -38,15 +38,18 @@ after warm-up, as a robust Holt (level + trend) filter on the clipped innovation
   scale    <- max(sqrt(ewvar), floor)
 A linear trend is followed without lag (its z stays centred), a slowly bending one with a small
 lag; a fault that moves several scale units within a few steps outruns the small rates. g = 1,
-except while a signature that uses the signal is active (`freeze`): then g = frozen_rate and the
-scale is held, so a fault is not learned as the new normal, yet a false alarm on a healthy trend
-(or a permanent new regime) is re-learned within ~1 / (frozen_rate * baseline_rate) steps.
+except while a signature that uses the signal is active (`freeze`): then the trend and scale are
+held and the level adapts with g = frozen_rate, i.e. the baseline continues along its pre-alarm
+trend and absorbs at most frozen_rate * baseline_rate * z_clip scale units per step. A fault is
+not learned as the new normal, yet a false alarm on a healthy trend clears, and a permanent new
+regime is accepted after ~shift / (frozen_rate * baseline_rate * z_clip) steps.
 """
 from __future__ import annotations
 
 import dataclasses
 
 import flax
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -71,7 +74,7 @@ class MonitorConfig:
   z_thresh, persistence: the level test: z beyond z_thresh for `persistence` steps.
   baseline_rate, trend_rate: Holt gains after warm-up (0.1 / 0.02: a sigmoid reward rise or
     an exponential entropy decline is followed; a 1-scale-unit-per-step ramp is not).
-  frozen_rate: adaptation gain multiplier while a signature using the signal is active.
+  frozen_rate: level-gain multiplier while a signature using the signal is active.
   trend_shrink: soft threshold (in standard errors) on the warm-up trend.
   var_rate: floor of the scale's adaptation gain (time constant 1/var_rate steps).
   small_sample: z inflation sqrt(1 + small_sample * W / n) right after warm-up.
@@ -92,7 +95,7 @@ class MonitorConfig:
   persistence: int = 3
   baseline_rate: float = 0.1
   trend_rate: float = 0.02
-  frozen_rate: float = 0.1
+  frozen_rate: float = 0.2
   trend_shrink: float = 2.0
   var_rate: float = 0.02
   small_sample: float = 2.0
@@ -105,7 +108,8 @@ class MonitorConfig:
 
 @flax.struct.dataclass
 class DetectorState:
-  """Per-signal detector state; every field has leading dim S = len(SIGNALS)."""
+  """Per-signal detector state. Shapes are [..., S] (S = len(SIGNALS)); the optional leading
+  batch dims run many independent monitors at once (synthetic trace batches)."""
   count: jnp.ndarray            # [S] int32   valid observations so far
   window: jnp.ndarray           # [S, W] f32  ring buffer of the latest W valid y (warm-up fit)
   baseline: jnp.ndarray         # [S] f32     robust level (detector units)
@@ -124,14 +128,14 @@ class DetectorState:
   last: jnp.ndarray             # [S] f32     last valid raw value x (signal units)
 
 
-def init_detectors(cfg: MonitorConfig) -> DetectorState:
-  s = len(sig.SIGNALS)
-  zf, zi = jnp.zeros((s,), jnp.float32), jnp.zeros((s,), jnp.int32)
+def init_detectors(cfg: MonitorConfig, batch_shape: tuple[int, ...] = ()) -> DetectorState:
+  shape = tuple(batch_shape) + (len(sig.SIGNALS),)
+  zf, zi = jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.int32)
   return DetectorState(
-      count=zi, window=jnp.zeros((s, cfg.warmup), jnp.float32), baseline=zf, trend=zf,
-      scale=jnp.ones((s,), jnp.float32), ewma=zf, ewvar=jnp.ones((s,), jnp.float32),
+      count=zi, window=jnp.zeros(shape + (cfg.warmup,), jnp.float32), baseline=zf, trend=zf,
+      scale=jnp.ones(shape, jnp.float32), ewma=zf, ewvar=jnp.ones(shape, jnp.float32),
       cusum_pos=zf, cusum_neg=zf, cusum_pos_start=zi, cusum_neg_start=zi, slope=zf,
-      persist_up=zi, persist_down=zi, z=zf, last=jnp.full((s,), jnp.nan, jnp.float32))
+      persist_up=zi, persist_down=zi, z=zf, last=jnp.full(shape, jnp.nan, jnp.float32))
 
 
 def _scale_floor(baseline: jnp.ndarray, cfg: MonitorConfig) -> jnp.ndarray:
@@ -140,7 +144,7 @@ def _scale_floor(baseline: jnp.ndarray, cfg: MonitorConfig) -> jnp.ndarray:
 
 
 def _warmup_fit(window: jnp.ndarray, cfg: MonitorConfig):
-  """Robust line through the warm-up window [S, W] -> (baseline, trend, scale) [S] each.
+  """Robust line through the warm-up window [..., S, W] -> (baseline, trend, scale) [..., S].
 
   trend: Theil-Sen slope (median of pairwise slopes), soft-thresholded by trend_shrink standard
   errors (se = scale * sqrt(12 / (W^3 - W))) so a trend that 10 noisy points cannot resolve
@@ -148,12 +152,11 @@ def _warmup_fit(window: jnp.ndarray, cfg: MonitorConfig):
   """
   w = cfg.warmup
   i = jnp.arange(w, dtype=jnp.float32)
-  di = i[None, :] - i[:, None]                                            # [W, W]: j - i
-  pair = (window[:, None, :] - window[:, :, None]) / jnp.where(di > 0, di, 1.0)
-  slope = jnp.nanmedian(jnp.where(di > 0, pair, jnp.nan), axis=(1, 2))
-  centre = jnp.median(window - slope[:, None] * i[None, :], axis=1)        # level at i = 0
-  resid = window - (centre[:, None] + slope[:, None] * i[None, :])
-  mad = jnp.median(jnp.abs(resid - jnp.median(resid, axis=1, keepdims=True)), axis=1)
+  lo, hi = np.triu_indices(w, k=1)                                        # the W(W-1)/2 pairs
+  slope = jnp.median((window[..., hi] - window[..., lo]) / (hi - lo).astype(np.float32), axis=-1)
+  centre = jnp.median(window - slope[..., None] * i, axis=-1)             # level at i = 0
+  resid = window - (centre[..., None] + slope[..., None] * i)
+  mad = jnp.median(jnp.abs(resid - jnp.median(resid, axis=-1, keepdims=True)), axis=-1)
   baseline = centre + slope * (w - 1)
   scale = jnp.maximum(1.4826 * mad, _scale_floor(baseline, cfg))
   se = scale * np.sqrt(12.0 / max(w ** 3 - w, 1))
@@ -162,7 +165,7 @@ def _warmup_fit(window: jnp.ndarray, cfg: MonitorConfig):
 
 
 def detector_scores(state: DetectorState, cfg: MonitorConfig):
-  """(up [S], down [S]) scores of the current state; 0 for signals still warming up."""
+  """(up [..., S], down [..., S]) scores of the current state; 0 while warming up."""
   warm = state.count >= cfg.warmup
   lvl_up = jnp.where(state.persist_up >= cfg.persistence, state.z / cfg.z_thresh, 0.0)
   lvl_dn = jnp.where(state.persist_down >= cfg.persistence, -state.z / cfg.z_thresh, 0.0)
@@ -173,25 +176,29 @@ def detector_scores(state: DetectorState, cfg: MonitorConfig):
 
 def detector_update(state: DetectorState, x: jnp.ndarray, step: jnp.ndarray,
                     cfg: MonitorConfig, freeze: jnp.ndarray | None = None):
-  """One observation x [S] (raw, NaN = missing) at `step` -> (state, up [S], down [S]).
+  """One observation x [..., S] (raw, NaN = missing) at `step` (int, shape [...] or scalar)
+  -> (state, up [..., S], down [..., S]), the scores of the updated state (detector_scores).
 
-  freeze [S] bool: signals whose alarm is active: baseline/trend adapt at frozen_rate, scale held.
-  Scores are those of the updated state (detector_scores).
+  freeze [..., S] bool: signals with an active alarm: level adapts at frozen_rate; trend and
+  scale are held. The warm-up fit (medians: a sort) runs under lax.cond only on steps where
+  some signal completes its warm-up.
   """
   x = jnp.asarray(x, jnp.float32)
   y = sig.transform(x)
   valid = jnp.isfinite(y)
   y0 = jnp.where(valid, y, 0.0)
-  step = jnp.asarray(step, jnp.int32)
+  step = jnp.asarray(step, jnp.int32)[..., None]
   freeze = jnp.zeros_like(valid) if freeze is None else freeze
   w = cfg.warmup
 
   # Ring buffer of the latest W valid observations; warm-up fit when the W-th arrives.
-  slot = jnp.arange(w)[None, :] == (state.count % w)[:, None]
-  window = jnp.where(valid[:, None] & slot, y0[:, None], state.window)
+  slot = jnp.arange(w) == (state.count % w)[..., None]
+  window = jnp.where(valid[..., None] & slot, y0[..., None], state.window)
   count = state.count + valid.astype(jnp.int32)
   just_warm = valid & (count == w)
-  fit_base, fit_trend, fit_scale = _warmup_fit(window, cfg)
+  fit_base, fit_trend, fit_scale = jax.lax.cond(
+      jnp.any(just_warm), lambda win: _warmup_fit(win, cfg),
+      lambda win: (jnp.zeros_like(y0), jnp.zeros_like(y0), jnp.ones_like(y0)), window)
   scoring = valid & (state.count >= w)            # warm before this observation
 
   pred = state.baseline + state.trend
@@ -212,7 +219,7 @@ def detector_update(state: DetectorState, x: jnp.ndarray, step: jnp.ndarray,
   adapt = scoring & ~freeze
   gain = jnp.where(freeze, cfg.frozen_rate, 1.0) * state.scale * zc     # frozen: slow re-learning
   base = jnp.where(scoring, pred + cfg.baseline_rate * gain, state.baseline)
-  trend = jnp.where(scoring, state.trend + cfg.trend_rate * gain, state.trend)
+  trend = jnp.where(adapt, state.trend + cfg.trend_rate * gain, state.trend)
   var_gain = jnp.maximum(cfg.var_rate, 1.0 / n)
   resid2 = jnp.minimum(((y0 - pred) / state.scale) ** 2, cfg.z_clip ** 2) * state.scale ** 2
   ewvar = jnp.where(adapt, (1 - var_gain) * state.ewvar + var_gain * resid2, state.ewvar)

@@ -1,4 +1,4 @@
-"""The failure-signature monitor: pure, jittable `monitor_update(state, metrics) -> (state, alarms)`.
+"""Failure-signature monitor: pure, jittable `monitor_update(state, metrics) -> (state, alarms)`.
 
 One call per training step, on device, inside or next to the train step:
 
@@ -17,7 +17,7 @@ then every signature k (signatures.SIGNATURES, K of them) evaluates
   fired_k    = active_k and not active_k(prev)
   onset_k    = earliest start among its conditions (CUSUM excursion start, or the first
                violating step of an invariant streak), latched when it fires.
-While k is active, the baselines of the signals it uses stop adapting.
+While k is active, the signals it uses adapt only slowly (detectors.py: freeze).
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ _USES = sigs.uses_matrix()     # [K, S]
 
 @flax.struct.dataclass
 class MonitorState:
+  """Shapes as commented, with optional leading batch dims (see init_monitor)."""
   detectors: DetectorState
   step: jnp.ndarray            # int32: updates seen so far (= index of the next update)
   invariant_run: jnp.ndarray   # [I] int32: consecutive violating steps per invariant
@@ -65,16 +66,19 @@ class Alarms:
   step: jnp.ndarray            # int32      monitor step index of this update
 
 
-def init_monitor(cfg: MonitorConfig) -> MonitorState:
+def init_monitor(cfg: MonitorConfig, batch_shape: tuple[int, ...] = ()) -> MonitorState:
+  """A fresh monitor; batch_shape (e.g. (N,)) makes N independent monitors updated together by
+  monitor_update with metrics of shape [N] (faster than jax.vmap: see detectors.detector_update)."""
+  b = tuple(batch_shape)
   k, i = len(sigs.SIGNATURES), len(sig.INVARIANTS)
   return MonitorState(
-      detectors=init_detectors(cfg), step=jnp.zeros((), jnp.int32),
-      invariant_run=jnp.zeros((i,), jnp.int32), active=jnp.zeros((k,), bool),
-      onset=jnp.zeros((k,), jnp.int32), fired_count=jnp.zeros((k,), jnp.int32))
+      detectors=init_detectors(cfg, b), step=jnp.zeros(b, jnp.int32),
+      invariant_run=jnp.zeros(b + (i,), jnp.int32), active=jnp.zeros(b + (k,), bool),
+      onset=jnp.zeros(b + (k,), jnp.int32), fired_count=jnp.zeros(b + (k,), jnp.int32))
 
 
 def _invariants(state: MonitorState, metrics: Mapping[str, Any], cfg: MonitorConfig):
-  """-> (run [I], score [I], onset [I], value [I]) of the exact checks at this step."""
+  """-> (run, score, onset, value), each [..., I], of the exact checks at this step."""
   value = sig.invariant_vector(metrics)
   kinds = [kind for _, kind, _ in sig.INVARIANTS]
   is_nonfinite = np.array([kd == 'nonfinite' for kd in kinds])
@@ -82,14 +86,14 @@ def _invariants(state: MonitorState, metrics: Mapping[str, Any], cfg: MonitorCon
   run = jnp.where(violated, state.invariant_run + 1, 0)
   need = np.where(sig.INVARIANT_PERSIST, cfg.stall_persistence, 1)
   score = jnp.where(run >= need, cfg.invariant_score, 0.0).astype(jnp.float32)
-  return run, score, state.step - run + 1, value
+  return run, score, state.step[..., None] - run + 1, value
 
 
 def monitor_update(state: MonitorState, metrics: Mapping[str, jax.Array],
                    cfg: MonitorConfig) -> tuple[MonitorState, Alarms]:
   """One monitor step. Pure; jit with cfg static (functools.partial(monitor_update, cfg=cfg))."""
   step = state.step
-  freeze = jnp.any(state.active[:, None] & _USES, axis=0)                        # [S]
+  freeze = jnp.any(state.active[..., :, None] & _USES, axis=-2)                  # [..., S]
   det, up, down = detector_update(state.detectors, sig.metrics_vector(metrics), step, cfg,
                                   freeze)
   inv_run, inv_score, inv_onset, inv_value = _invariants(state, metrics, cfg)
@@ -99,11 +103,11 @@ def monitor_update(state: MonitorState, metrics: Mapping[str, jax.Array],
     """(score, onset, warm) of one condition's signal and direction."""
     if name in sig.INVARIANT_NAMES:
       i = sig.INVARIANT_NAMES.index(name)
-      return inv_score[i], inv_onset[i], jnp.bool_(True)
+      return inv_score[..., i], inv_onset[..., i], jnp.ones_like(inv_score[..., i], bool)
     s = sig.SIGNALS.index(name)
     if direction == 'down':
-      return down[s], det.cusum_neg_start[s], warm[s]
-    return up[s], det.cusum_pos_start[s], warm[s]
+      return down[..., s], det.cusum_neg_start[..., s], warm[..., s]
+    return up[..., s], det.cusum_pos_start[..., s], warm[..., s]
 
   strength, gate, onset = [], [], []
   for signature in sigs.SIGNATURES:
@@ -115,11 +119,11 @@ def monitor_update(state: MonitorState, metrics: Mapping[str, jax.Array],
       else:
         ratios.append(score / c.min_score)
         starts.append(start)
-    strength.append(jnp.min(jnp.stack(ratios)))
-    gate.append(jnp.all(jnp.stack(gates)) if gates else jnp.bool_(True))
-    onset.append(jnp.min(jnp.stack(starts)))
-  strength = jnp.stack(strength).astype(jnp.float32)
-  gate, onset = jnp.stack(gate), jnp.stack(onset).astype(jnp.int32)
+    strength.append(jnp.min(jnp.stack(ratios, -1), -1))
+    gate.append(jnp.all(jnp.stack(gates, -1), -1) if gates else jnp.ones_like(ratios[0], bool))
+    onset.append(jnp.min(jnp.stack(starts, -1), -1))
+  strength = jnp.stack(strength, -1).astype(jnp.float32)                          # [..., K]
+  gate, onset = jnp.stack(gate, -1), jnp.stack(onset, -1).astype(jnp.int32)
 
   holds = gate & (strength >= 1.0)
   active = holds | (state.active & gate & (strength >= cfg.release))
@@ -137,14 +141,17 @@ def monitor_update(state: MonitorState, metrics: Mapping[str, jax.Array],
 
 def run_monitor(metrics_seq: Mapping[str, jax.Array], cfg: MonitorConfig,
                 state: MonitorState | None = None) -> tuple[MonitorState, Alarms]:
-  """Scan the monitor over a recorded run: metrics_seq maps name -> [T] -> Alarms with [T, ...]
-  leaves. Jittable (cfg static) and vmappable over a leading trace axis."""
-  state = init_monitor(cfg) if state is None else state
+  """lax.scan of the monitor over a recorded run. metrics_seq: name -> [T] (one run) or [N, T]
+  (N runs as one batch, time last) -> (final state, Alarms with [T, ...] or [N, T, ...] leaves).
+  Jittable with cfg static."""
+  xs = {k: jnp.moveaxis(jnp.asarray(v, jnp.float32), -1, 0) for k, v in metrics_seq.items()}
+  batch_shape = next(iter(xs.values())).shape[1:]
+  state = init_monitor(cfg, batch_shape) if state is None else state
 
   def body(st, m):
     return monitor_update(st, m, cfg)
-  xs = {k: jnp.asarray(v, jnp.float32) for k, v in metrics_seq.items()}
-  return jax.lax.scan(body, state, xs)
+  final, alarms = jax.lax.scan(body, state, xs)
+  return final, jax.tree.map(lambda a: jnp.moveaxis(a, 0, len(batch_shape)), alarms)
 
 
 def _num(v) -> float | None:
@@ -154,7 +161,8 @@ def _num(v) -> float | None:
 
 def incidents_from_alarms(alarms: Alarms, step: int) -> list[dict]:
   """Host-side: one JSON-serialisable dict per signature that fired in this step's `alarms`
-  (host numpy from jax.device_get), most serious and specific first (signatures.rank_key).
+  (host numpy from jax.device_get; one unbatched step), most serious and specific first
+  (signatures.rank_key).
 
   `step` is the caller's step number for this update; onset_step is mapped into the same
   numbering. Evidence lists every condition: signal, direction, score, and for drifting signals
@@ -192,7 +200,7 @@ def alarm_metrics(alarms: Alarms) -> dict[str, jax.Array]:
   'monitor/num_active'. Works on device arrays (inside jit) and on host numpy."""
   out = {}
   for k, name in enumerate(sigs.SIGNATURE_NAMES):
-    out[f'monitor/active/{name}'] = alarms.active[k].astype(jnp.float32)
-    out[f'monitor/score/{name}'] = alarms.score[k]
-  out['monitor/num_active'] = alarms.active.sum().astype(jnp.float32)
+    out[f'monitor/active/{name}'] = alarms.active[..., k].astype(jnp.float32)
+    out[f'monitor/score/{name}'] = alarms.score[..., k]
+  out['monitor/num_active'] = alarms.active.sum(-1).astype(jnp.float32)
   return out

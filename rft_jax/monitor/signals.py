@@ -74,41 +74,46 @@ INVARIANT_THRESHOLD = np.array([thr for _, _, thr in INVARIANTS], np.float32)  #
 INVARIANT_PERSIST = np.array([kind == 'above_persist' for _, kind, _ in INVARIANTS])  # [I]
 
 
-def _scalar(value: Any) -> jnp.ndarray:
-  return jnp.asarray(value, jnp.float32).reshape(())
+def _values(metrics: Mapping[str, Any], keys) -> tuple[dict[str, jnp.ndarray], tuple[int, ...]]:
+  """The present keys as float32 arrays, and their common (broadcast) batch shape."""
+  vals = {k: jnp.asarray(metrics[k], jnp.float32) for k in keys if k in metrics}
+  return vals, jnp.broadcast_shapes(*(v.shape for v in vals.values())) if vals else ()
 
 
 def metrics_vector(metrics: Mapping[str, Any]) -> jnp.ndarray:
-  """The watched signals of one step as a vector x [S] (float32), NaN where a key is missing.
+  """The watched signals of one step as x [..., S] (float32), NaN where a key is missing.
 
-  Works inside jit (a dict of jnp scalars: the key set is static) and on host (floats).
+  Works inside jit (a dict of jnp scalars: the key set is static) and on host (floats). Values
+  may carry leading batch dims [...] (a batch of independent runs); scalars give x [S].
   """
-  nan = jnp.float32(jnp.nan)
-  return jnp.stack([_scalar(metrics[k]) if k in metrics else nan for k in SIGNALS])
+  vals, shape = _values(metrics, SIGNALS)
+  nan = jnp.full(shape, jnp.nan, jnp.float32)
+  return jnp.stack([jnp.broadcast_to(vals[k], shape) if k in vals else nan for k in SIGNALS], -1)
 
 
 def invariant_vector(metrics: Mapping[str, Any]) -> jnp.ndarray:
-  """The invariant inputs of one step, v [I] (float32), NaN where the sources are missing.
+  """The invariant inputs of one step, v [..., I] (float32), NaN where the sources are missing.
 
   'invariant/nonfinite' is 1.0 when any present source ('loss', 'grad_norm') is NaN or +-Inf,
   0.0 when all present sources are finite, NaN when none is present. The others are the raw
   value of their source key.
   """
+  keys = {k for srcs in INVARIANT_SOURCES.values() for k in srcs}
+  vals, shape = _values(metrics, keys)
   out = []
   for name, kind, _ in INVARIANTS:
-    keys = [k for k in INVARIANT_SOURCES[name] if k in metrics]
-    if not keys:
-      out.append(jnp.float32(jnp.nan))
+    present = [jnp.broadcast_to(vals[k], shape) for k in INVARIANT_SOURCES[name] if k in vals]
+    if not present:
+      out.append(jnp.full(shape, jnp.nan, jnp.float32))
     elif kind == 'nonfinite':
-      bad = jnp.stack([~jnp.isfinite(_scalar(metrics[k])) for k in keys]).any()
-      out.append(bad.astype(jnp.float32))
+      out.append(jnp.any(jnp.stack([~jnp.isfinite(v) for v in present]), 0).astype(jnp.float32))
     else:
-      out.append(_scalar(metrics[keys[0]]))
-  return jnp.stack(out)
+      out.append(present[0])
+  return jnp.stack(out, -1)
 
 
 def transform(x: jnp.ndarray) -> jnp.ndarray:
-  """x [S] raw -> y [S] detector units: log(max(x,0) + offset) for log signals, x otherwise."""
+  """x [..., S] raw -> y [..., S] detector units: log(max(x, 0) + offset) (log signals) or x."""
   logged = jnp.log(jnp.maximum(x, 0.0) + LOG_OFFSET)
   return jnp.where(IS_LOG, logged, x)
 

@@ -11,6 +11,13 @@ A `Signature` fires when all its conditions hold. Its strength is
 so it fires exactly when score >= 1 and every gate holds. Several signatures may share a fault
 class (two routes to the same diagnosis); several may fire on one step and all are reported.
 
+min_score choices: single-signal drift signatures whose real faults are violent (entropy
+collapse, gradient explosion, sampler mismatch, KL explosion alone) require 1.5, which removes
+near-threshold false alarms at almost no delay; multi-signal ones (reward hacking, divergence of
+reward and correctness) may require less of each signal because the conjunction is rare in
+healthy runs. A 'not_up' gate also separates look-alikes: length_blowup requires entropy not
+rising (with it, the same lengths mean entropy_explosion).
+
 Remediation names are the actions the trainer knows: 'raise_kl_coef', 'lower_lr',
 'raise_temperature', 'reset_reference', 'restore_and_lower_lr', 'skip_batch', 'halt',
 'warn_only'.
