@@ -92,6 +92,7 @@ def get_config(arg: str = ''):
   config.telemetry.jsonl = True
   config.telemetry.tensorboard = True
   config.telemetry.plot = True
+  config.telemetry.wandb_project = ''   # a W&B project name logs there too (needs `pip install wandb`)
 
   if arg == 'tiny':   # a few seconds of work: used by tests
     config.rollout.prompts_per_step = 4

@@ -58,6 +58,7 @@ def get_config(arg: str = ''):
   config.telemetry.jsonl = True
   config.telemetry.tensorboard = True
   config.telemetry.plot = True
+  config.telemetry.wandb_project = ''   # a W&B project name logs there too (needs `pip install wandb`)
 
   if arg == 'tiny':
     config.train.steps = 6

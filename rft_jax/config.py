@@ -60,7 +60,8 @@ SCHEMA: dict[str, Any] = {
     'train': {'steps': int, 'eval_every': int, 'ckpt_every': int, 'keep_checkpoints': int},
     'eval': {'num_prompts': int, 'k': int, 'temperature': float},
     'mesh': {'data': int, 'fsdp': int, 'tensor': int},
-    'telemetry': {'console': bool, 'jsonl': bool, 'tensorboard': bool, 'plot': bool},
+    'telemetry': {'console': bool, 'jsonl': bool, 'tensorboard': bool, 'plot': bool,
+                  'wandb_project': str},
     'monitor': {'mode': str, 'warmup': int, 'watch_steps': int, 'lr_factor': float},
     'faults': list,   # [{type, onset_step, strength[, duration]}], see rft_jax/faults.py
 }
@@ -120,9 +121,18 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check_rollout(config)
   _check_paths(config)
   _check_monitor_and_faults(config)
+  _check_wandb(config)
   if not is_sft(config):
     _check_verifier_names(config)
     _check_algo_names(config)
+
+
+def _check_wandb(config) -> None:
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  if config.telemetry.wandb_project and importlib.util.find_spec('wandb') is None:
+    raise ConfigError('telemetry.wandb_project', 'Weights & Biases logging needs the wandb '
+                      "package (pip install wandb), or set it to ''",
+                      config.telemetry.wandb_project)
 
 
 def _check_monitor_and_faults(config) -> None:

@@ -82,7 +82,9 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
   hooks = sinks.make_sinks(workdir, console=config.telemetry.console,
                            jsonl=config.telemetry.jsonl, tensorboard=config.telemetry.tensorboard,
                            total_steps=config.train.steps, resume_step=start,
-                           console_keys=console_keys)
+                           console_keys=console_keys,
+                           wandb_project=config.telemetry.get('wandb_project', ''),
+                           run_name=config.name)
   for h in hooks_extra:
     hooks.append(h)
   hooks.on_start(start, config.train.steps, {

@@ -32,6 +32,7 @@ from rft_jax.rewards.runner import RewardRunner
 from rft_jax.sampling.sampler import SamplingConfig, make_sampler
 from rft_jax.sampling.text import decode_completions
 from rft_jax.telemetry import sinks
+from rft_jax.telemetry.metrics import completion_diversity
 
 TrainingError = runs.TrainingError
 
@@ -185,6 +186,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
         metrics.update({k: float(v) for k, v in monlib.alarm_metrics(alarms).items()})
       t3 = time.time()
       gen_tokens = float(np.asarray(rollout.mask_bt).sum())
+      metrics.update(completion_diversity(rollout.tokens_bt, rollout.mask_bt))
       metrics.update({'time/step_s': t3 - t0, 'time/sample_s': t1 - t0,
                       'time/reward_s': t2 - t1, 'time/train_s': t3 - t2,
                       'throughput/tokens_per_s': gen_tokens / max(t3 - t0, 1e-9)})

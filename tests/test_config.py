@@ -368,3 +368,13 @@ def test_monitor_mode_and_faults(grpo):
   assert "config.faults[0].type='gremlins': unknown fault" in str(_error(grpo))
   grpo.faults = [{'type': 'lr_spike', 'onset_step': 3, 'strength': 50.0}]
   config_lib.validate(grpo)
+
+
+def test_wandb_without_the_package_is_a_one_line_error(grpo, monkeypatch):
+  import importlib.util
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, 'find_spec',
+                      lambda name, *a: None if name == 'wandb' else real(name, *a))
+  grpo.telemetry.wandb_project = 'my-project'
+  assert "config.telemetry.wandb_project='my-project': Weights & Biases logging needs" in str(
+      _error(grpo))

@@ -124,6 +124,7 @@ def test_metrics():
       errors={'correct': 0, 'format': 1}, timeouts={'correct': 1, 'format': 0})
   assert result.metrics() == {
       'reward/correct/mean': 0.5, 'reward/format/mean': 1.0, 'reward/total/mean': 1.0,
+      'reward/correct/std': 0.5, 'reward/format/std': 0.0,
       'reward/errors/correct': 0.0, 'reward/errors/format': 1.0,
       'reward/timeouts/correct': 1.0, 'reward/timeouts/format': 0.0,
       'reward/invalid_frac': 0.5, 'reward/stuck_chunks': 0.0}

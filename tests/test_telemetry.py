@@ -365,3 +365,13 @@ def test_ema_debiased_and_skips_nan():
   out = plot_lib.ema([1.0, float('nan'), 3.0], weight=0.5)
   assert out[0] == pytest.approx(1.0) and math.isnan(out[1])
   assert out[2] == pytest.approx((0.5 * 0.5 * 1.0 + 0.5 * 3.0) / 0.75)
+
+
+def test_completion_diversity_against_hand_counts():
+  from rft_jax.telemetry.metrics import completion_diversity
+  tokens = np.array([[5, 6, 5, 6, 0], [7, 8, 9, 0, 0]])
+  mask = np.array([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]])
+  # bigrams: (5,6),(6,5),(5,6) and (7,8),(8,9): 5 in all, 4 distinct; row 0 repeats (5,6).
+  out = completion_diversity(tokens, mask)
+  assert out['response/distinct_2'] == pytest.approx(4 / 5)
+  assert out['response/repetition_frac'] == pytest.approx(0.5)

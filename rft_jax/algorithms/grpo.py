@@ -93,6 +93,9 @@ def prepare_batch(params, ref_params, rollout: Rollout, rewards_b, valid_b, *, g
                             algo.group_size)
   metrics['adv/mean'] = masked_mean(adv_b, valid_b)
   metrics['adv/abs_mean'] = masked_mean(jnp.abs(adv_b), valid_b)
+  metrics['adv/std'] = jnp.sqrt(masked_mean((adv_b - metrics['adv/mean']) ** 2, valid_b))
+  metrics['adv/pos_frac'] = masked_mean((adv_b > 0).astype(jnp.float32), valid_b)
+  metrics['adv/neg_frac'] = masked_mean((adv_b < 0).astype(jnp.float32), valid_b)
   adv_mean_g, _, _ = group_stats(adv_b, valid_b, algo.group_size)
   metrics['invariant/group_adv_mean_max'] = jnp.max(jnp.abs(adv_mean_g))
   p = rollout.prompt_tokens_bp.shape[1]
@@ -119,7 +122,13 @@ def loss_fn(params, mb, *, graphdef, algo: GRPOConfig, kl_coef=None):
   loss_sum, count = agg(loss_bl, mask_bl)
   sg = jax.lax.stop_gradient
   sums = {'loss': sg(loss_sum), 'pg_loss': sg(agg(pg_bl, mask_bl)[0]),
-          'kl': sg(agg(kl_bl, mask_bl)[0]), 'entropy': sg(agg(entropy_bl, mask_bl)[0]),
+          'kl': sg(agg(kl_bl, mask_bl)[0]),
+          'kl/k1': sg(agg(kl_penalty(logp_bl, mb['ref_logp'], 'k1'), mask_bl)[0]),
+          'kl/k3': sg(agg(kl_penalty(logp_bl, mb['ref_logp'], 'k3'), mask_bl)[0]),
+          # verl's ppo_kl: k1 estimate of KL(old || current) on the sampled tokens.
+          'ppo_kl': sg(agg(mb['old_logp'] - logp_bl, mask_bl)[0]),
+          'ratio/abs_dev': sg(agg(jnp.abs(stats['ratio'] - 1.0), mask_bl)[0]),
+          'entropy': sg(agg(entropy_bl, mask_bl)[0]),
           'clip_frac/low': agg(stats['clip_low'], mask_bl)[0],
           'clip_frac/high': agg(stats['clip_high'], mask_bl)[0],
           'ratio/mean': sg(agg(stats['ratio'], mask_bl)[0])}

@@ -133,6 +133,10 @@ def _nan_mean(x: np.ndarray) -> float:
   return float(x.mean()) if x.size else float('nan')
 
 
+def _nan_std(x: np.ndarray) -> float:
+  return float(x.std()) if x.size else float('nan')
+
+
 @dataclasses.dataclass
 class RewardResult:
   """Rewards for a batch of N completions.
@@ -155,10 +159,12 @@ class RewardResult:
   stuck_chunks: int = 0
 
   def metrics(self) -> dict[str, float]:
-    """Flat scalar metrics: means over valid samples, error/timeout counts, invalid fraction."""
+    """Flat scalar metrics: per-verifier mean and std over valid samples, error/timeout counts,
+    invalid fraction."""
     out = {}
     for name, values in self.per_verifier.items():
       out[f'reward/{name}/mean'] = _nan_mean(values[self.valid])
+      out[f'reward/{name}/std'] = _nan_std(values[self.valid])
     out['reward/total/mean'] = _nan_mean(self.total[self.valid])
     for name, count in self.errors.items():
       out[f'reward/errors/{name}'] = float(count)

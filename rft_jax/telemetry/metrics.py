@@ -1,6 +1,8 @@
-"""On-device metric math shared by the train steps and the trainer. Pure jnp, jit-friendly."""
+"""Metric math shared by the train steps and the trainer: pure jnp (jit-friendly), plus one
+host-side numpy helper for completion diversity."""
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def masked_mean(x, mask):
@@ -37,3 +39,20 @@ def rollout_metrics(rewards_b, valid_b, mask_bt, truncated_b, group_size: int) -
       'response/len_min': length_b.min(),
       'response/clip_frac': truncated_b.astype(jnp.float32).mean(),
   }
+
+
+def completion_diversity(tokens_bt, mask_bt, n: int = 2) -> dict:
+  """Host-side diversity of a batch of completions (numpy; token ids, masked).
+
+  distinct-n = |unique n-grams| / |n-grams| over the whole batch (1.0 = no n-gram repeats);
+  repetition = fraction of completions containing some n-gram twice (degenerate loops).
+  """
+  tokens_bt, mask_bt = np.asarray(tokens_bt), np.asarray(mask_bt)
+  all_grams, repeated = [], 0
+  for row, keep in zip(tokens_bt, mask_bt):
+    seq = tuple(int(t) for t, k in zip(row, keep) if k)
+    grams = [seq[i:i + n] for i in range(len(seq) - n + 1)]
+    all_grams.extend(grams)
+    repeated += len(set(grams)) < len(grams)
+  return {f'response/distinct_{n}': len(set(all_grams)) / len(all_grams) if all_grams else 1.0,
+          'response/repetition_frac': repeated / max(len(tokens_bt), 1)}

@@ -232,10 +232,40 @@ class TensorBoardSink(Hook):
 # ----------------------------------------------------------------------------
 
 
+class WandbSink(Hook):
+  """Weights & Biases: scalars per step and eval, incidents and the summary (optional)."""
+
+  def __init__(self, project: str, run_name: str, workdir: str, resume_step: int = 0):
+    import wandb  # pylint: disable=g-import-not-at-top  (optional dependency)
+    self._wandb = wandb
+    self._run = wandb.init(project=project, name=run_name, dir=workdir, resume='allow')
+    self._resume_step = resume_step
+
+  def _scalars(self, step, values):
+    self._run.log({k: float(v) for k, v in values.items()
+                   if isinstance(v, numbers.Real) and not isinstance(v, bool)}, step=step)
+
+  def on_step(self, step, metrics):
+    self._scalars(step, metrics)
+
+  def on_eval(self, step, results):
+    self._scalars(step, results)
+
+  def on_incident(self, step, incident):
+    self._run.log({'incidents': describe_incident(step, incident)}, step=step)
+
+  def on_end(self, summary):
+    self._run.summary.update(dict(summary))
+
+  def close(self):
+    self._run.finish()
+
+
 def make_sinks(workdir: str | os.PathLike, *, console: bool = True,
                jsonl: bool = True, tensorboard: bool = True,
                total_steps: int = 0, resume_step: int = 0,
-               console_keys: Sequence[tuple[str, str]] = DEFAULT_CONSOLE_KEYS) -> HookList:
+               console_keys: Sequence[tuple[str, str]] = DEFAULT_CONSOLE_KEYS,
+               wandb_project: str = '', run_name: str = '') -> HookList:
   """The standard sinks for a run: console, workdir/metrics.jsonl, workdir/tb."""
   workdir = os.fspath(workdir)
   hooks = HookList()
@@ -247,4 +277,7 @@ def make_sinks(workdir: str | os.PathLike, *, console: bool = True,
   if tensorboard:
     hooks.append(TensorBoardSink(os.path.join(workdir, 'tb'),
                                  resume_step=resume_step))
+  if wandb_project:
+    hooks.append(WandbSink(wandb_project, run_name or os.path.basename(workdir), workdir,
+                           resume_step=resume_step))
   return hooks
