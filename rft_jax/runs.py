@@ -100,7 +100,12 @@ def finish_complete_run(config, workdir, opened) -> dict:
   _, _, ckpt, meta, hooks, start = opened
   hooks.on_message(f'run already complete ({start}/{config.train.steps} steps) in {workdir}; '
                    'delete the workdir or raise config.train.steps to train further')
-  summary = make_summary(config, meta['base_eval'], meta['final_eval'], start, meta['wall_s'])
+  path = os.path.join(workdir, 'summary.json')
+  if os.path.exists(path):   # the finished run's own record (with fields like 'incidents')
+    with open(path) as f:
+      summary = json.load(f)
+  else:
+    summary = make_summary(config, meta['base_eval'], meta['final_eval'], start, meta['wall_s'])
   return finish_run(config, workdir, summary, hooks, ckpt, plot=False)
 
 
