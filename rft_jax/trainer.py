@@ -173,7 +173,8 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       t2 = time.time()
       batch, metrics = prepare(state.params, state.params if ref_params is None else ref_params,
                                rollout, jnp.asarray(rewards.total), jnp.asarray(rewards.valid))
-      state = state.replace(controls=device_controls(remediator.controls, config, step))
+      state = state.replace(controls=jax.device_put(   # same placement as the step outputs:
+          device_controls(remediator.controls, config, step), rep))   # no second compile
       for _ in range(algo.updates_per_batch):
         state, step_metrics = train_step(state, batch)
       reward_metrics = rewards.metrics()

@@ -81,3 +81,19 @@ def test_second_invocation_reports_complete(tmp_path):
   assert len(train_rows(str(tmp_path))) == 2     # nothing was trained again
   for name in ('summary.json', 'metrics.jsonl', 'run.png'):
     assert os.path.exists(os.path.join(str(tmp_path), name)), name
+
+
+def test_no_recompilation_after_the_first_step(tmp_path, caplog):
+  """Every jitted piece of the loop compiles once: later steps reuse the executables."""
+  import jax  # pylint: disable=g-import-not-at-top
+  config = tiny_config(**{'train.steps': 4, 'train.eval_every': 100, 'train.ckpt_every': 100})
+  jax.config.update('jax_log_compiles', True)
+  try:
+    with caplog.at_level('WARNING'):
+      trainer.run(config, str(tmp_path))
+  finally:
+    jax.config.update('jax_log_compiles', False)
+  compiles = [r.getMessage() for r in caplog.records if r.getMessage().startswith('Compiling')]
+  for name in ('train_step', 'prepare_batch', 'observe'):
+    n = sum(m.startswith(f'Compiling jit({name})') for m in compiles)
+    assert n == 1, (name, n, compiles)
