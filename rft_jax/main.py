@@ -29,6 +29,9 @@ USAGE_ERROR = 2
 _HELP_ARGS = ('-h', '--help', '-help', '--helpshort', '--helpfull')
 
 
+PREEMPTED = 75   # EX_TEMPFAIL: stopped by SIGTERM/SIGINT with a checkpoint; rerun to resume
+
+
 class UsageError(Exception):
   """Bad command-line input; the message is one line, shown after 'error: '."""
 
@@ -68,6 +71,9 @@ def main(argv: Sequence[str]) -> int:
   except runs.TrainingError as e:
     print(f'error: {_one_line(str(e))}', file=sys.stderr)
     return 1
+  except runs.Preempted as e:
+    print(f'stopped: {_one_line(str(e))}', file=sys.stderr)
+    return PREEMPTED
   except KeyboardInterrupt:
     print(f'interrupted; resume with the same command (workdir {workdir})', file=sys.stderr)
     return 130

@@ -8,6 +8,8 @@
 """
 import json
 import os
+import signal
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +25,37 @@ from rft_jax.telemetry.plot import plot_run
 class TrainingError(RuntimeError):
   """A run that had to stop (non-finite loss, a halting incident); the last good checkpoint is
   kept."""
+
+
+class Preempted(RuntimeError):
+  """The run stopped on SIGTERM/SIGINT after checkpointing its last finished step."""
+
+
+class StopRequest:
+  """Turns SIGTERM and SIGINT into a flag the loop checks between steps (main thread only).
+
+  The first signal asks for a clean stop after the current step; a second SIGINT interrupts at
+  once (KeyboardInterrupt), for a user who really means it.
+  """
+
+  def __init__(self):
+    self.requested = False
+    self.signal_name = ''
+    self._previous = {}
+    if threading.current_thread() is threading.main_thread():
+      for sig in (signal.SIGTERM, signal.SIGINT):
+        self._previous[sig] = signal.signal(sig, self._handle)
+
+  def _handle(self, signum, frame):
+    if self.requested and signum == signal.SIGINT:
+      raise KeyboardInterrupt
+    self.requested = True
+    self.signal_name = signal.Signals(signum).name
+
+  def restore(self) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous = {}
 
 
 def init_state(params, tx, state_shardings, controls=None, monitor=None) -> ts.TrainState:

@@ -158,6 +158,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
     hooks.on_eval(0, {k.replace('eval/', 'eval/base_'): v for k, v in meta['base_eval'].items()})
   wall_before = meta.get('wall_s', 0.0)   # wall seconds of earlier invocations of this run
   step = start
+  stop = runs.StopRequest()   # SIGTERM / SIGINT: finish this step, checkpoint, exit
   try:
     while step < total:
       step += 1
@@ -230,11 +231,19 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
         hooks.on_eval(step, result)
         if last:
           meta['final_eval'] = result
-      if step % config.train.ckpt_every == 0 or last:
+      if step % config.train.ckpt_every == 0 or last or stop.requested:
         meta['wall_s'] = wall_before + time.time() - t_start
         meta['controls'] = remediator.controls.as_dict()
         ckpt.save(step, state, data_it.get_state(), meta)
+      if stop.requested and not last:
+        hooks.on_message(f'{stop.signal_name}: stopped after step {step} with a checkpoint; '
+                         'run the same command again to resume')
+        hooks.close()
+        ckpt.close()
+        raise runs.Preempted(f'{stop.signal_name} at step {step}: checkpoint saved in '
+                             f'{workdir}; run the same command again to resume')
   finally:
+    stop.restore()
     runner.close()
   if mcfg is not None:
     report = incident_log.report()
