@@ -40,6 +40,10 @@ def get_config(arg: str = ''):
   config.rewards.weights = ml_collections.ConfigDict({'correct': 1.0, 'format': 0.1})
   config.rewards.timeout_s = 2.0    # per completion; a hanging verifier cannot hang the run
   config.rewards.num_workers = 2
+  # A step where more than this fraction of samples could not be scored (a verifier raised or
+  # timed out) stops the run, naming the verifier and an input; below it, those samples are
+  # left out of the loss and counted in telemetry.
+  config.rewards.max_invalid_frac = 0.5
 
   # Algorithm: registry entries by name (rft_jax/algorithms/).
   config.algo = ml_collections.ConfigDict()

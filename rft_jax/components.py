@@ -69,7 +69,10 @@ def build(config) -> Components:
 
 def eval_batch(c: Components, config) -> dict:
   """The fixed held-out prompts (first eval.num_prompts of the test split)."""
-  return pipeline.eval_prompts(c.test_source, c.tokenizer,
-                               max_prompt_len=config.task.max_prompt_len,
-                               num_prompts=config.eval.num_prompts)
+  try:
+    return pipeline.eval_prompts(c.test_source, c.tokenizer,
+                                 max_prompt_len=config.task.max_prompt_len,
+                                 num_prompts=config.eval.num_prompts)
+  except ValueError as e:   # names the record and what is wrong with it
+    raise SetupError(f'test split: {e}') from None
 

@@ -47,7 +47,8 @@ SCHEMA: dict[str, Any] = {
         'prompts_per_step': int, 'group_size': int, 'max_new_tokens': int,
         'temperature': float, 'top_k': int, 'top_p': float,
     },
-    'rewards': {'weights': NAME_TO_FLOAT, 'timeout_s': float, 'num_workers': int},
+    'rewards': {'weights': NAME_TO_FLOAT, 'timeout_s': float, 'num_workers': int,
+                'max_invalid_frac': float},
     'algo': {
         'advantage': str, 'loss': str, 'loss_agg': str, 'clip_eps': float, 'kl_coef': float,
         'kl_estimator': str, 'updates_per_batch': int, 'microbatches': int,
@@ -237,6 +238,7 @@ _COMMON_RULES: list[Rule] = [
 ]
 
 _RL_RULES: list[Rule] = [
+    ('rewards.max_invalid_frac', lambda v: 0 <= v <= 1, 'must be in [0, 1]'),
     _at_least('rollout.prompts_per_step', 1),
     ('rollout.group_size', lambda v: v >= 2, 'GRPO needs at least 2 completions per prompt'),
     _at_least('rollout.max_new_tokens', 1),

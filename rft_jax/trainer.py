@@ -163,7 +163,10 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
     while step < total:
       step += 1
       t0 = time.time()
-      prompts = next(data_it)
+      try:
+        prompts = next(data_it)
+      except ValueError as e:   # a malformed record: the pipeline names it
+        raise TrainingError(f'bad input data at step {step}: {e}') from None
       rollout = sampler(remediator.controls.temperature)(
           state.params, prompts['prompt_tokens'], prompts['prompt_mask'],
           step_rng(config.seed, step))
@@ -171,6 +174,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       t1 = time.time()
       answers = np.repeat(prompts['answer'], config.rollout.group_size)
       rewards = runner(texts, list(answers))
+      check_rewards(rewards, config.rewards.get('max_invalid_frac', 1.0), step, texts)
       t2 = time.time()
       batch, metrics = prepare(state.params, state.params if ref_params is None else ref_params,
                                rollout, jnp.asarray(rewards.total), jnp.asarray(rewards.valid))
@@ -254,6 +258,21 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
                               wall_before + time.time() - t_start)
   summary['incidents'] = sum(e['kind'] == 'incident' for e in incident_log.entries)
   return runs.finish_run(config, workdir, summary, hooks, ckpt)
+
+
+def check_rewards(rewards, max_invalid_frac: float, step: int, texts) -> None:
+  """Stops the run (before any update from this batch) when too many samples went unscored."""
+  invalid = 1.0 - float(np.mean(rewards.valid)) if len(texts) else 0.0
+  if invalid <= max_invalid_frac:
+    return
+  failing = {**{k: v for k, v in rewards.errors.items() if v},
+             **{k: v for k, v in rewards.timeouts.items() if v}}
+  name = max(failing, key=failing.get) if failing else '?'
+  detail = rewards.error_messages.get(name, 'timed out')
+  raise TrainingError(
+      f'reward failure at step {step}: {invalid:.0%} of samples unscored '
+      f'(> config.rewards.max_invalid_frac={max_invalid_frac}); verifier {name!r}: {detail}; '
+      'the last good checkpoint is kept')
 
 
 def handle_alarms(alarms, step, remediator: Remediator, hooks, incident_log: IncidentLog,

@@ -61,3 +61,9 @@ def returns_nan(completion: str, answer: str) -> float:
   """Returns NaN: a verifier bug that must count as an error, not a score."""
   del completion, answer
   return float('nan')
+
+
+@verifiers.register_verifier('test_broken_key')
+def broken_key(completion: str, answer: str) -> float:
+  """A broken verifier: raises KeyError on every input (a bug in user reward code)."""
+  raise KeyError(f'no such field for {completion!r}')

@@ -378,3 +378,8 @@ def test_wandb_without_the_package_is_a_one_line_error(grpo, monkeypatch):
   grpo.telemetry.wandb_project = 'my-project'
   assert "config.telemetry.wandb_project='my-project': Weights & Biases logging needs" in str(
       _error(grpo))
+
+
+def test_max_invalid_frac_range(grpo):
+  grpo.rewards.max_invalid_frac = 1.5
+  assert str(_error(grpo)) == 'config.rewards.max_invalid_frac=1.5: must be in [0, 1]'

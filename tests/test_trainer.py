@@ -4,6 +4,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 from configs import grpo_arith
 from rft_jax import trainer
@@ -97,3 +98,20 @@ def test_no_recompilation_after_the_first_step(tmp_path, caplog):
   for name in ('train_step', 'prepare_batch', 'observe'):
     n = sum(m.startswith(f'Compiling jit({name})') for m in compiles)
     assert n == 1, (name, n, compiles)
+
+
+def test_a_broken_verifier_stops_the_run_naming_it(tmp_path):
+  config = tiny_config(**{'train.steps': 3})
+  config.rewards.weights = {'correct': 1.0, 'test_broken_key': 0.5}
+  with pytest.raises(trainer.TrainingError) as info:
+    trainer.run(config, str(tmp_path))
+  msg = str(info.value)
+  assert 'reward failure at step 1: 100% of samples unscored' in msg
+  assert "verifier 'test_broken_key'" in msg and 'KeyError' in msg
+  assert not os.path.exists(tmp_path / 'checkpoints' / '1')   # nothing learned from it is saved
+
+
+def test_a_prompt_too_long_for_the_config_is_a_setup_error_naming_the_record(tmp_path):
+  from rft_jax import components  # pylint: disable=g-import-not-at-top
+  with pytest.raises(components.SetupError, match=r"record id=\d+: prompt '.*' is 7 tokens"):
+    trainer.run(tiny_config(**{'task.max_prompt_len': 4}), str(tmp_path))
