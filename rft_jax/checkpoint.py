@@ -1,17 +1,46 @@
-"""Checkpoints with orbax: the train state as arrays, the data iterator and run metadata as JSON.
+"""Checkpoints with orbax, verified: a checkpoint is used only if every file it wrote is intact.
 
-Layout of a run's checkpoints: workdir/checkpoints/<step>/{state, data, meta}. `state` is the
-TrainState pytree (params, optimizer state, step); `data` the grain iterator state; `meta` a small
-JSON dict (e.g. the base policy's held-out accuracy, so a resumed run still reports it). The
-sampling RNG is derived as fold_in(key(seed), step), so (seed, step) restore it exactly.
+Layout of a run's checkpoints: workdir/checkpoints/<step>/{state, data, meta, [reference],
+rft_manifest.json}. `state` is the TrainState pytree (params, optimizer state, step, run-time
+controls, monitor state); `data` the grain iterator state; `meta` a small JSON dict (base-policy
+eval, remediation state, wall time); `reference` the reference policy's params, present only once
+remediation has reset it (before that the reference is the initial policy, rebuilt at start-up).
+The sampling RNG is derived as fold_in(key(seed), step), so (seed, step) restore it exactly.
+
+Crash safety. Orbax writes a checkpoint into a temporary directory and renames it into place when
+complete. After that, `save` writes `rft_manifest.json`: the size and CRC-32 of every file. When a
+Checkpointer opens a directory it verifies every checkpoint against its manifest; one with no
+manifest (the process died between the rename and the manifest), a missing, truncated or altered
+file, is moved to `<dir>.quarantine/<step>` and reported, never loaded. Old checkpoints are
+deleted by renaming them to `<step>.deleting` first, so a deletion cut short is never mistaken
+for a checkpoint. Retention (`keep`) counts verified checkpoints only: an older one is removed
+only after a newer one is verified.
+
+Disk. Before saving, free space is compared with the size of the last checkpoint (or the state's
+bytes); too little space, or a write that fails, raises CheckpointSaveError and leaves the earlier
+checkpoints untouched. What to do then is the caller's policy (rft_jax/runs.py).
+
+Multi-host: every process verifies; process 0 writes manifests and deletes (the directory is
+shared storage, as orbax requires).
 
 Standalone parameter directories (the shipped base policy, `init_from`) hold just the params.
 """
+import json
 import os
+import shutil
+import time
+import zlib
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+MANIFEST = 'rft_manifest.json'
+_DISK_MARGIN = 1.2          # free space needed = margin * expected checkpoint size
+
+
+class CheckpointSaveError(OSError):
+  """A checkpoint could not be written (full disk, I/O error); earlier ones are intact."""
 
 
 def _abstract(tree, shardings=None):
@@ -22,41 +51,172 @@ def _abstract(tree, shardings=None):
                       tree, shardings)
 
 
+def _crc32(path: str) -> int:
+  crc = 0
+  with open(path, 'rb') as f:
+    while chunk := f.read(1 << 22):
+      crc = zlib.crc32(chunk, crc)
+  return crc
+
+
+def file_digests(step_dir: str) -> dict[str, list[int]]:
+  """{relative path: [size, crc32]} of every file under step_dir except the manifest."""
+  out = {}
+  for root, _, files in os.walk(step_dir):
+    for name in files:
+      path = os.path.join(root, name)
+      rel = os.path.relpath(path, step_dir)
+      if rel not in (MANIFEST, MANIFEST + '.tmp'):
+        out[rel] = [os.path.getsize(path), _crc32(path)]
+  return out
+
+
+def verify(step_dir: str) -> str | None:
+  """None if step_dir matches its manifest, else what is wrong (one line)."""
+  try:
+    with open(os.path.join(step_dir, MANIFEST)) as f:
+      expected = json.load(f)['files']
+  except FileNotFoundError:
+    return 'no manifest (the write was interrupted)'
+  except (ValueError, KeyError) as e:
+    return f'unreadable manifest ({e})'
+  for rel, (size, crc) in sorted(expected.items()):
+    path = os.path.join(step_dir, rel)
+    if not os.path.exists(path):
+      return f'missing file {rel}'
+    if os.path.getsize(path) != size:
+      return f'{rel} has {os.path.getsize(path)} bytes, expected {size}'
+    if _crc32(path) != crc:
+      return f'{rel} fails its checksum'
+  return None
+
+
+def tree_nbytes(tree) -> int:
+  """Global bytes of the arrays in a pytree."""
+  return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, 'dtype'))
+
+
+def _steps_on_disk(directory: str) -> list[int]:
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(d) for d in os.listdir(directory)
+                if d.isdigit() and os.path.isdir(os.path.join(directory, d)))
+
+
 class Checkpointer:
-  """Thin wrapper over ocp.CheckpointManager with the three items above."""
+  """Verified checkpoints over ocp.CheckpointManager (items above); see the module doc."""
 
   def __init__(self, directory: str, keep: int = 2):
     self.directory = os.path.abspath(directory)
+    self.keep = keep
+    self.problems: list[str] = []   # checkpoints found broken at open (for the run's log)
+    self._primary = jax.process_index() == 0
+    self._sweep()
     self._manager = ocp.CheckpointManager(
-        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+        self.directory, options=ocp.CheckpointManagerOptions(
+            max_to_keep=None, create=True, cleanup_tmp_directories=True))
+
+  def _sweep(self) -> None:
+    """Finishes interrupted deletions; quarantines checkpoints that fail verification."""
+    if not os.path.isdir(self.directory):
+      return
+    for d in os.listdir(self.directory):
+      if d.endswith('.deleting') and self._primary:
+        shutil.rmtree(os.path.join(self.directory, d), ignore_errors=True)
+    for step in _steps_on_disk(self.directory):
+      problem = verify(os.path.join(self.directory, str(step)))
+      if problem is None:
+        continue
+      quarantine = os.path.join(self.directory + '.quarantine', f'{step}-{int(time.time())}')
+      self.problems.append(f'checkpoint {step} is unusable ({problem}); moved to {quarantine}')
+      if self._primary:
+        os.makedirs(os.path.dirname(quarantine), exist_ok=True)
+        os.replace(os.path.join(self.directory, str(step)), quarantine)
 
   def latest_step(self) -> int | None:
-    return self._manager.latest_step()
+    steps = self.all_steps()
+    return steps[-1] if steps else None
+
+  def all_steps(self) -> list[int]:
+    """Steps of the verified checkpoints on disk, ascending."""
+    return sorted(self._manager.all_steps())
+
+  def delete(self, step: int) -> None:
+    if self._primary:
+      path = os.path.join(self.directory, str(step))
+      os.replace(path, path + '.deleting')   # atomic: never a half-deleted "checkpoint"
+      shutil.rmtree(path + '.deleting')
+    self._manager.reload()
 
   def delete_after(self, step: int) -> list[int]:
     """Deletes checkpoints newer than `step` (a rewound run's abandoned future); returns them."""
     gone = [s for s in self.all_steps() if s > step]
     for s in gone:
-      self._manager.delete(s)
+      self.delete(s)
     return gone
 
-  def all_steps(self) -> list[int]:
-    """Steps of the complete checkpoints on disk, ascending."""
-    return sorted(self._manager.all_steps())
+  def _needed_bytes(self, items: dict) -> int:
+    steps = self.all_steps()
+    if steps:
+      with open(os.path.join(self.directory, str(steps[-1]), MANIFEST)) as f:
+        return sum(size for size, _ in json.load(f)['files'].values())
+    return tree_nbytes(items)
 
-  def save(self, step: int, state: Any, data_state: dict, meta: dict) -> None:
-    """Saves and waits: a checkpoint reported as written is complete on disk."""
-    self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
-        meta=ocp.args.JsonSave(meta)), force=True)
-    self._manager.wait_until_finished()
+  def save(self, step: int, state: Any, data_state: dict, meta: dict,
+           reference: Any = None) -> None:
+    """Saves, waits, verifies; then drops verified checkpoints beyond `keep`.
 
-  def restore(self, step: int, like_state: Any, shardings: Any = None):
-    """Restores (state, data_state, meta) into the structure/shardings of `like_state`."""
-    out = self._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(_abstract(like_state, shardings)),
-        data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
-    return out['state'], out['data'], out['meta']
+    Raises CheckpointSaveError (earlier checkpoints untouched) when the disk is too full or the
+    write fails.
+    """
+    items = {'state': state, 'reference': reference}
+    need = int(_DISK_MARGIN * self._needed_bytes(items))
+    free = shutil.disk_usage(self.directory).free
+    if free < need:
+      raise CheckpointSaveError(f'{free / 2**20:.0f} MiB free in {self.directory}, a '
+                                f'checkpoint needs about {need / 2**20:.0f} MiB')
+    args = {'state': ocp.args.StandardSave(state), 'data': ocp.args.JsonSave(data_state),
+            'meta': ocp.args.JsonSave({**meta, 'has_reference': reference is not None})}
+    if reference is not None:
+      args['reference'] = ocp.args.StandardSave(reference)
+    try:
+      self._manager.save(step, args=ocp.args.Composite(**args), force=True)
+      self._manager.wait_until_finished()
+      step_dir = os.path.join(self.directory, str(step))
+      if self._primary:
+        manifest = {'step': step, 'files': file_digests(step_dir)}
+        tmp = os.path.join(step_dir, MANIFEST + '.tmp')
+        with open(tmp, 'w') as f:
+          json.dump(manifest, f)
+          f.flush()
+          os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(step_dir, MANIFEST))
+    except (OSError, ValueError) as e:   # orbax wraps some I/O errors
+      self._discard_partial(step)
+      raise CheckpointSaveError(f'writing checkpoint {step} failed: '
+                                f'{type(e).__name__}: {str(e).splitlines()[0]}') from e
+    for old in self.all_steps()[:-self.keep] if self.keep else []:
+      self.delete(old)
+
+  def _discard_partial(self, step: int) -> None:
+    path = os.path.join(self.directory, str(step))
+    if self._primary and os.path.isdir(path):
+      shutil.rmtree(path, ignore_errors=True)
+    self._manager.reload()
+
+  def restore(self, step: int, like_state: Any, shardings: Any = None,
+              like_reference: Any = None, reference_shardings: Any = None):
+    """Restores (state, data_state, meta, reference or None) into the structure/shardings of
+    `like_state` (and `like_reference`, for a checkpoint that holds a reset reference)."""
+    meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    has_reference = meta['meta'].get('has_reference', False) and like_reference is not None
+    args = {'state': ocp.args.StandardRestore(_abstract(like_state, shardings)),
+            'data': ocp.args.JsonRestore(), 'meta': ocp.args.JsonRestore()}
+    if has_reference:
+      args['reference'] = ocp.args.StandardRestore(_abstract(like_reference, reference_shardings))
+    out = self._manager.restore(step, args=ocp.args.Composite(**args))
+    meta = {k: v for k, v in out['meta'].items() if k != 'has_reference'}
+    return out['state'], out['data'], meta, out['reference'] if has_reference else None
 
   def close(self) -> None:
     self._manager.close()

@@ -13,10 +13,12 @@ import threading
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
 
 from rft_jax import components
 from rft_jax.algorithms import train_state as ts
-from rft_jax.checkpoint import Checkpointer
+from rft_jax.checkpoint import Checkpointer, CheckpointSaveError
 from rft_jax.parallel import mesh as meshlib
 from rft_jax.telemetry import sinks
 from rft_jax.telemetry.plot import plot_run
@@ -51,6 +53,16 @@ class StopRequest:
       raise KeyboardInterrupt
     self.requested = True
     self.signal_name = signal.Signals(signum).name
+
+  def agreed(self) -> bool:
+    """Whether any process was asked to stop. Every process calls this at the same point of
+    each step (a collective when there are several), so all of them stop after the same step."""
+    if jax.process_count() == 1:
+      return self.requested
+    flags = multihost_utils.process_allgather(np.int32(self.requested))
+    if np.max(flags) and not self.requested:
+      self.requested, self.signal_name = True, 'stop on another process'
+    return bool(np.max(flags))
 
   def restore(self) -> None:
     for sig, handler in self._previous.items():
@@ -108,9 +120,10 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
   shardings = state_shardings(c, tx, controls, monitor)
   state = init_state(c.params, tx, shardings, controls, monitor)
   ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'), keep=config.train.keep_checkpoints)
-  meta, start = {}, ckpt.latest_step() or 0
+  meta, start, reference = {}, ckpt.latest_step() or 0, None
   if start:
-    state, data_state, meta = ckpt.restore(start, state, shardings)
+    state, data_state, meta, reference = ckpt.restore(
+        start, state, shardings, like_reference=c.params, reference_shardings=c.param_shardings)
     data_it.set_state(data_state)
   hooks = sinks.make_sinks(workdir, console=config.telemetry.console,
                            jsonl=config.telemetry.jsonl, tensorboard=config.telemetry.tensorboard,
@@ -120,17 +133,42 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
                            run_name=config.name)
   for h in hooks_extra:
     hooks.append(h)
+  for problem in ckpt.problems:   # corrupt or partial checkpoints: reported, never loaded
+    hooks.on_message(problem)
   hooks.on_start(start, config.train.steps, {
       'recipe': config.name, 'workdir': workdir, 'params': f'{c.model_cfg.num_params():,}',
       'devices': f'{c.mesh.size} x {jax.devices()[0].platform}'})
   if start and start < config.train.steps:
     hooks.on_message(f'resumed from checkpoint at step {start}')
-  return state, shardings, ckpt, meta, hooks, start
+  return state, shardings, ckpt, meta, hooks, start, reference
+
+
+def save_checkpoint(config, ckpt: Checkpointer, step: int, state, data_state: dict, meta: dict,
+                    hooks, reference=None) -> bool:
+  """Saves a checkpoint; on failure (full disk, I/O error) keeps training if at least
+  config.train.min_good_checkpoints (default 1) verified checkpoints exist, else stops.
+
+  Returns whether the checkpoint was written. Raises TrainingError when the run must stop.
+  """
+  try:
+    ckpt.save(step, state, data_state, meta, reference=reference)
+    return True
+  except CheckpointSaveError as e:
+    good, need = ckpt.all_steps(), config.train.get('min_good_checkpoints', 1)
+    if len(good) >= need:
+      latest = f', the latest at step {good[-1]}' if good else ''
+      hooks.on_message(f'checkpoint at step {step} NOT saved: {e}; training goes on with '
+                       f'{len(good)} good checkpoint(s){latest}')
+      return False
+    raise TrainingError(
+        f'checkpoint at step {step} not saved: {e}; only {len(good)} good checkpoint(s) on '
+        f'disk (config.train.min_good_checkpoints={need}), so the run stops rather than train '
+        f'on unprotected; free space and run the same command to resume') from None
 
 
 def finish_complete_run(config, workdir, opened) -> dict:
   """A second invocation of a finished run: say so, re-emit its summary, train nothing."""
-  _, _, ckpt, meta, hooks, start = opened
+  _, _, ckpt, meta, hooks, start, _ = opened
   hooks.on_message(f'run already complete ({start}/{config.train.steps} steps) in {workdir}; '
                    'delete the workdir or raise config.train.steps to train further')
   path = os.path.join(workdir, 'summary.json')

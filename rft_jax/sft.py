@@ -33,7 +33,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       teacher_error_rate=config.sft.teacher_error_rate)
   opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra,
                             console_keys=(('loss', 'loss'), ('token_acc', 'token acc')))
-  state, shardings, ckpt, meta, hooks, start = opened
+  state, shardings, ckpt, meta, hooks, start, _ = opened
   total = config.train.steps
   if start >= total and 'final_eval' in meta:
     return runs.finish_complete_run(config, workdir, opened)
@@ -70,7 +70,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       meta['final_eval' if step == total else 'last_eval'] = result
     if step % config.train.ckpt_every == 0 or step == total:
       meta['wall_s'] = wall_before + time.time() - t_start
-      ckpt.save(step, state, data_it.get_state(), meta)
+      runs.save_checkpoint(config, ckpt, step, state, data_it.get_state(), meta, hooks)
   summary = runs.make_summary(config, meta['base_eval'], meta['final_eval'], total,
                                  wall_before + time.time() - t_start)
   return runs.finish_run(config, workdir, summary, hooks, ckpt)

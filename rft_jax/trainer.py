@@ -122,13 +122,16 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
   opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra,
                          controls=device_controls(controls0, config, 1),
                          monitor=monlib.init_monitor(mcfg) if mcfg else None)
-  state, shardings, ckpt, meta, hooks, start = opened
+  state, shardings, ckpt, meta, hooks, start, reset_ref = opened
   total = config.train.steps
   if start >= total and 'final_eval' in meta:
     return runs.finish_complete_run(config, workdir, opened)
   batch_sh, rep = meshlib.batch_sharding(c.mesh), meshlib.replicated(c.mesh)
-  remediator = Remediator(mode, Controls(**meta.get('controls', controls0.as_dict())),
-                          watch_steps=watch_steps, lr_factor=lr_factor)
+  remediator = Remediator(mode, controls0, watch_steps=watch_steps, lr_factor=lr_factor)
+  if 'remediator' in meta:
+    remediator.load_state_dict(meta['remediator'])
+  if reset_ref is not None:   # remediation had reset the reference policy before the checkpoint
+    ref_params = reset_ref
   incident_log = IncidentLog(workdir, start)
 
   @functools.cache
@@ -150,7 +153,8 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       max_new_tokens=config.rollout.max_new_tokens, k=config.eval.k,
       temperature=config.eval.temperature, seed=config.seed)
   runner = RewardRunner(dict(config.rewards.weights), timeout_s=config.rewards.timeout_s,
-                        num_workers=config.rewards.num_workers)
+                        num_workers=config.rewards.num_workers,
+                        memory_mb=config.rewards.get('memory_mb', 0))
   runner.start()
 
   if 'base_eval' not in meta:
@@ -209,7 +213,12 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
         if decision is not None and decision.restore_before is not None:
           good = [s for s in ckpt.all_steps() if s < decision.restore_before]
           if good:
-            state, data_state, restored_meta = ckpt.restore(max(good), state, shardings)
+            state, data_state, restored_meta, restored_ref = ckpt.restore(
+                max(good), state, shardings, like_reference=c.params,
+                reference_shardings=c.param_shardings)
+            reset_ref = restored_ref
+            if restored_ref is not None:
+              ref_params = restored_ref
             data_it.set_state(data_state)
             ckpt.delete_after(max(good))   # checkpoints of the faulty trajectory
             meta['last_eval'] = restored_meta.get('last_eval')
@@ -220,7 +229,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
             hooks.on_message('remediation: no checkpoint before the onset; continuing from '
                              'the current state')
         if decision is not None and decision.reset_reference:
-          ref_params = jax.tree.map(jnp.copy, state.params)
+          ref_params = reset_ref = jax.tree.map(jnp.copy, state.params)
         if decision is not None and decision.restore_before is not None and good:
           continue   # rewound: the steps after the restored checkpoint run again
         if not np.isfinite(metrics['loss']) and mode in ('off', 'warn'):
@@ -235,11 +244,13 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
         hooks.on_eval(step, result)
         if last:
           meta['final_eval'] = result
-      if step % config.train.ckpt_every == 0 or last or stop.requested:
+      stopping = stop.agreed()
+      if step % config.train.ckpt_every == 0 or last or stopping:
         meta['wall_s'] = wall_before + time.time() - t_start
-        meta['controls'] = remediator.controls.as_dict()
-        ckpt.save(step, state, data_it.get_state(), meta)
-      if stop.requested and not last:
+        meta['remediator'] = remediator.state_dict()
+        runs.save_checkpoint(config, ckpt, step, state, data_it.get_state(), meta, hooks,
+                             reference=reset_ref)
+      if stopping and not last:
         hooks.on_message(f'{stop.signal_name}: stopped after step {step} with a checkpoint; '
                          'run the same command again to resume')
         hooks.close()

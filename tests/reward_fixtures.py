@@ -3,6 +3,7 @@
 The runner pickles verifiers by module path; a worker unpickling one imports this module
 (it inherits the parent's sys.path), which registers these names in its VERIFIERS too.
 """
+import random
 import signal
 import time
 
@@ -67,3 +68,26 @@ def returns_nan(completion: str, answer: str) -> float:
 def broken_key(completion: str, answer: str) -> float:
   """A broken verifier: raises KeyError on every input (a bug in user reward code)."""
   raise KeyError(f'no such field for {completion!r}')
+
+
+@verifiers.register_verifier('test_allocates_on_big')
+def allocates_on_big(completion: str, answer: str) -> float:
+  """On 'big', allocates 2 GiB (and touches it): must hit the worker's memory limit."""
+  del answer
+  if completion == 'big':
+    block = bytearray(2 * 2**30)
+    return float(len(block))
+  return 1.0
+
+
+@verifiers.register_verifier('test_hangs_on_5_percent')
+def hangs_on_5_percent(completion: str, answer: str) -> float:
+  """Hangs on a random 5% of calls (independent of the text, so no answer is always lost);
+  otherwise scores nothing (0.0): use with weight 0 beside the real verifiers."""
+  del completion, answer
+  if _RNG.random() < 0.05:
+    time.sleep(1000)
+  return 0.0
+
+
+_RNG = random.Random()   # seeded from the OS: differs per worker process

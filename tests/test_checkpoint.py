@@ -1,6 +1,7 @@
 """Tests for rft_jax.checkpoint: TrainState + JSON round trips, retention, standalone params."""
 
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +10,7 @@ import optax
 import pytest
 
 from rft_jax.algorithms.train_state import TrainState
+from rft_jax import checkpoint
 from rft_jax.checkpoint import Checkpointer, load_params, save_params
 
 
@@ -54,7 +56,8 @@ def test_train_state_round_trip(tmp_path):
   ckpt.save(3, state, data, meta)
   assert ckpt.latest_step() == 3
   like = make_state(1, steps=1)                            # same structure, other values
-  restored, rdata, rmeta = ckpt.restore(3, like)
+  restored, rdata, rmeta, ref = ckpt.restore(3, like)
+  assert ref is None
   ckpt.close()
   assert isinstance(restored, TrainState)
   assert_trees_equal(restored, state)
@@ -65,7 +68,7 @@ def test_train_state_round_trip(tmp_path):
   # A fresh Checkpointer on the same directory (a resumed run) sees and restores the same.
   again = Checkpointer(str(tmp_path / 'ckpts'), keep=2)
   assert again.latest_step() == 3
-  restored2, rdata2, _ = again.restore(again.latest_step(), like)
+  restored2, rdata2, _, _ = again.restore(again.latest_step(), like)
   again.close()
   assert_trees_equal(restored2, state)
   assert rdata2 == data
@@ -80,7 +83,7 @@ def test_keep_retains_last_two(tmp_path):
   on_disk = sorted(int(n) for n in os.listdir(tmp_path / 'ckpts') if n.isdigit())
   assert on_disk == [3, 4]
   for s in [3, 4]:
-    restored, data, meta = ckpt.restore(s, states[1])
+    restored, data, meta, _ = ckpt.restore(s, states[1])
     assert_trees_equal(restored, states[s])
     assert data == {'step': s} and meta == {'m': s * 10}
   ckpt.close()
@@ -109,7 +112,7 @@ def test_restore_into_given_shardings(tmp_path):
   ckpt.save(2, state, {}, {})
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   shardings = jax.tree.map(lambda _: sharding, state)
-  restored, data, meta = ckpt.restore(2, state, shardings)
+  restored, data, meta, _ = ckpt.restore(2, state, shardings)
   ckpt.close()
   assert_trees_equal(restored, state)
   assert all(x.sharding == sharding for x in jax.tree.leaves(restored))
@@ -119,3 +122,110 @@ def test_restore_into_given_shardings(tmp_path):
   got = load_params(path, state.params, jax.tree.map(lambda _: sharding, state.params))
   assert_trees_equal(got, state.params)
   assert all(x.sharding == sharding for x in jax.tree.leaves(got))
+
+
+# --- Crash safety: verification, quarantine, interrupted deletes, disk -----------------------
+
+def _save_steps(directory, steps, keep=3):
+  ckpt = Checkpointer(directory, keep=keep)
+  states = {s: make_state(s, steps=s) for s in steps}
+  for s, st in states.items():
+    ckpt.save(s, st, {'step': s}, {'m': s})
+  ckpt.close()
+  return states
+
+
+def _largest_file(step_dir):
+  files = [os.path.join(r, f) for r, _, fs in os.walk(step_dir) for f in fs
+           if f != checkpoint.MANIFEST]
+  return max(files, key=os.path.getsize)
+
+
+@pytest.mark.parametrize('damage', ['truncate', 'flip_byte', 'no_manifest', 'delete_file'])
+def test_a_damaged_checkpoint_is_quarantined_and_the_previous_one_used(tmp_path, damage):
+  d = str(tmp_path / 'ckpts')
+  states = _save_steps(d, [1, 2])
+  step_dir = os.path.join(d, '2')
+  victim = _largest_file(step_dir)
+  if damage == 'truncate':
+    with open(victim, 'r+b') as f:
+      f.truncate(os.path.getsize(victim) // 2)
+  elif damage == 'flip_byte':
+    with open(victim, 'r+b') as f:
+      f.seek(os.path.getsize(victim) // 2)
+      b = f.read(1)
+      f.seek(-1, os.SEEK_CUR)
+      f.write(bytes([b[0] ^ 0xFF]))
+  elif damage == 'no_manifest':
+    os.remove(os.path.join(step_dir, checkpoint.MANIFEST))
+  else:
+    os.remove(victim)
+  ckpt = Checkpointer(d, keep=3)
+  assert ckpt.all_steps() == [1]
+  assert len(ckpt.problems) == 1 and ckpt.problems[0].startswith('checkpoint 2 is unusable (')
+  assert not os.path.exists(step_dir)
+  assert len(os.listdir(d + '.quarantine')) == 1       # kept for inspection, never loaded
+  restored, data, _, _ = ckpt.restore(1, states[2])
+  assert_trees_equal(restored, states[1])
+  assert data == {'step': 1}
+  # The run goes on: step 2 can be written again.
+  ckpt.save(2, states[2], {'step': 2}, {})
+  assert ckpt.all_steps() == [1, 2]
+  ckpt.close()
+
+
+def test_an_interrupted_delete_is_finished_not_loaded(tmp_path):
+  d = str(tmp_path / 'ckpts')
+  _save_steps(d, [1, 2])
+  os.replace(os.path.join(d, '1'), os.path.join(d, '1.deleting'))   # killed mid-delete
+  ckpt = Checkpointer(d, keep=3)
+  assert ckpt.all_steps() == [2] and ckpt.problems == []
+  assert sorted(os.listdir(d)) == ['2']
+  ckpt.close()
+
+
+def test_retention_counts_only_verified_checkpoints(tmp_path):
+  d = str(tmp_path / 'ckpts')
+  _save_steps(d, [1, 2, 3, 4], keep=2)
+  assert sorted(n for n in os.listdir(d)) == ['3', '4']
+
+
+def test_too_little_disk_refuses_to_save_and_keeps_the_old(tmp_path, monkeypatch):
+  d = str(tmp_path / 'ckpts')
+  ckpt = Checkpointer(d, keep=2)
+  ckpt.save(1, make_state(1, steps=1), {}, {})
+  usage = shutil.disk_usage(d)
+  monkeypatch.setattr(checkpoint.shutil, 'disk_usage',
+                      lambda p: usage._replace(free=1000))
+  with pytest.raises(checkpoint.CheckpointSaveError, match=r'0 MiB free in .*ckpts, a '
+                     r'checkpoint needs about \d+ MiB'):
+    ckpt.save(2, make_state(2, steps=2), {}, {})
+  assert ckpt.all_steps() == [1] and sorted(os.listdir(d)) == ['1']
+  ckpt.close()
+
+
+def test_a_failing_write_leaves_no_partial_checkpoint(tmp_path, monkeypatch):
+  d = str(tmp_path / 'ckpts')
+  ckpt = Checkpointer(d, keep=2)
+  ckpt.save(1, make_state(1, steps=1), {}, {})
+
+  def no_space(*args, **kwargs):
+    raise OSError(28, 'No space left on device')
+  monkeypatch.setattr(checkpoint, 'file_digests', no_space)   # fails after orbax wrote step 2
+  with pytest.raises(checkpoint.CheckpointSaveError, match='No space left on device'):
+    ckpt.save(2, make_state(2, steps=2), {}, {})
+  assert ckpt.all_steps() == [1] and sorted(os.listdir(d)) == ['1']
+  ckpt.close()
+
+
+def test_a_reset_reference_round_trips(tmp_path):
+  ckpt = Checkpointer(str(tmp_path / 'ckpts'), keep=2)
+  state, ref = make_state(0, steps=1), make_params(7)
+  ckpt.save(1, state, {}, {'a': 1}, reference=ref)
+  ckpt.save(2, state, {}, {'a': 2})
+  _, _, meta1, ref1 = ckpt.restore(1, state, like_reference=make_params(0))
+  _, _, meta2, ref2 = ckpt.restore(2, state, like_reference=make_params(0))
+  ckpt.close()
+  assert meta1 == {'a': 1} and meta2 == {'a': 2}
+  assert_trees_equal(ref1, ref)
+  assert ref2 is None

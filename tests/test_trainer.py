@@ -115,3 +115,32 @@ def test_a_prompt_too_long_for_the_config_is_a_setup_error_naming_the_record(tmp
   from rft_jax import components  # pylint: disable=g-import-not-at-top
   with pytest.raises(components.SetupError, match=r"record id=\d+: prompt '.*' is 7 tokens"):
     trainer.run(tiny_config(**{'task.max_prompt_len': 4}), str(tmp_path))
+
+
+def test_a_verifier_hanging_on_5_percent_of_samples_costs_only_those_samples(tmp_path):
+  """Same recipe twice: once healthy, once with a verifier (weight 0) that hangs on a random 5%
+  of samples. The hung samples time out, are counted and left out; the run finishes and learns
+  as much as the healthy one."""
+  overrides = {'train.steps': 16, 'train.eval_every': 16, 'train.ckpt_every': 16,
+               'rollout.prompts_per_step': 8, 'optim.lr': 1e-3, 'optim.warmup_steps': 1,
+               'algo.kl_coef': 0.0, 'rewards.timeout_s': 0.3, 'rewards.num_workers': 2}
+  runs = {}
+  for name, weights in (('healthy', {'test_length': 1.0}),
+                        ('hanging', {'test_length': 1.0, 'test_hangs_on_5_percent': 0.0})):
+    config = tiny_config(**overrides)
+    config.rewards.weights = weights
+    trainer.run(config, str(tmp_path / name))
+    runs[name] = train_rows(str(tmp_path / name))
+  hanging, healthy = runs['hanging'], runs['healthy']
+  assert sorted(hanging) == list(range(1, 17))
+  samples = 16 * 8 * 4
+  timeouts = sum(r['reward/timeouts/test_hangs_on_5_percent'] for r in hanging.values())
+  assert 0.01 * samples <= timeouts <= 0.12 * samples, timeouts
+  invalid = np.mean([r['reward/invalid_frac'] for r in hanging.values()])
+  np.testing.assert_allclose(invalid, timeouts / samples, rtol=1e-6)
+  assert sum(r['reward/errors/test_hangs_on_5_percent'] for r in hanging.values()) == 0
+  gain = lambda rows: (np.mean([rows[s]['reward/mean'] for s in range(13, 17)]) -
+                       np.mean([rows[s]['reward/mean'] for s in range(1, 5)]))
+  assert gain(healthy) > 0.5 and gain(hanging) > 0.5, (gain(healthy), gain(hanging))
+  assert abs(gain(hanging) - gain(healthy)) < 0.5 * gain(healthy), (gain(healthy),
+                                                                     gain(hanging))

@@ -40,7 +40,7 @@ def main():
   step = args.step if args.step is not None else ckpt.latest_step()
   if step is None:
     raise SystemExit(f'error: no checkpoint in {args.workdir}/checkpoints')
-  state, _, meta = ckpt.restore(step, like, shardings)
+  state, _, meta, _ = ckpt.restore(step, like, shardings)
   if os.path.exists(args.out):
     shutil.rmtree(args.out)
   checkpoint.save_params(args.out, state.params)

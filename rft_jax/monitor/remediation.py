@@ -97,6 +97,19 @@ class Remediator:
     self.watches: list[Watch] = []
     self.log: list[dict[str, Any]] = []   # decisions and verdicts not yet handed out
 
+  def state_dict(self) -> dict[str, Any]:
+    """JSON-friendly state (controls, watched actions, health history) for checkpoints."""
+    return {'controls': self.controls.as_dict(),
+            'watches': [dataclasses.asdict(w) for w in self.watches],
+            'health': {str(s): v for s, v in self.health.items()}}
+
+  def load_state_dict(self, d: dict[str, Any]) -> None:
+    """Restores state_dict()'s output: a resumed run judges pending actions as if uninterrupted."""
+    self.controls = Controls(**d['controls'])
+    self.watches = [Watch(**{**w, 'controls_before': Controls(**w['controls_before'])})
+                    for w in d['watches']]
+    self.health = {int(s): float(v) for s, v in d['health'].items()}
+
   def drain_log(self) -> list[dict[str, Any]]:
     """Decisions and verdicts since the last call (for incidents.jsonl and the hooks)."""
     out, self.log = self.log, []

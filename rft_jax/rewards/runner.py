@@ -9,9 +9,12 @@ Isolation, from the inside out:
      it is interrupted and recorded as a timeout; the rest of the chunk is still scored. A call
      that raises is recorded as an error. Neither is ever scored 0: the verifier's value is NaN
      and the sample is marked invalid (`valid[i] == False`, `total[i] == 0.0`).
-  2. A chunk whose worker does not answer within `n_calls * timeout_s + grace_s` (a verifier stuck
+  2. Each worker process has an address-space limit (`memory_mb`): a verifier that allocates
+     past it gets MemoryError (an error, as in 1); one that dies outright is case 3.
+  3. A chunk whose worker does not answer within `n_calls * timeout_s + grace_s` (a verifier stuck
      in C code, or one blocking SIGALRM) is abandoned: all of its samples count as timed out, the
-     pool's processes are killed and a fresh pool is started on the next call.
+     pool's processes are killed and a fresh pool is started on the next call. A worker that
+     dies makes its chunk's samples errors, and the pool is replaced the same way.
 Workers use the 'spawn' start method (the parent runs JAX threads, so fork is unsafe), start on
 the first call (or `start()`), and are reused across calls. The batch is split into one chunk
 per worker, so a call costs one round trip per worker. `num_workers=0` scores inline in the
@@ -24,6 +27,7 @@ import dataclasses
 import math
 import multiprocessing
 import pickle
+import resource
 import signal
 import threading
 import time
@@ -116,9 +120,23 @@ def _score_chunk(fns, completions, answers, timeout_s, use_alarm, offset):
   return values_vn, status_vn, first_errors
 
 
-def _init_worker():
+def _init_worker(memory_mb: int = 0):
   # Ctrl-C goes to the whole process group; the parent decides what happens to the workers.
   signal.signal(signal.SIGINT, signal.SIG_IGN)
+  if memory_mb:   # address space the verifiers may add on top of the worker's own
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    soft = _address_space_bytes() + memory_mb * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (soft if hard == resource.RLIM_INFINITY
+                                            else min(soft, hard), hard))
+
+
+def _address_space_bytes() -> int:
+  """This process's current virtual memory size (VmSize), in bytes."""
+  with open('/proc/self/status') as f:
+    for line in f:
+      if line.startswith('VmSize:'):
+        return int(line.split()[1]) * 1024
+  return 0
 
 
 def _ping() -> bool:
@@ -179,7 +197,7 @@ class RewardRunner:
   """Scores completions with weighted verifiers in a pool of spawned worker processes."""
 
   def __init__(self, weights: Mapping[str, float], timeout_s: float = 2.0,
-               num_workers: int = 2, *, grace_s: float = 5.0):
+               num_workers: int = 2, *, grace_s: float = 5.0, memory_mb: int = 0):
     """Creates the runner; worker processes start lazily.
 
     Args:
@@ -188,6 +206,9 @@ class RewardRunner:
       num_workers: worker processes; 0 scores inline in the calling process.
       grace_s: slack added to a chunk's worst-case time before the safety net declares its
         worker stuck and replaces the pool.
+      memory_mb: memory (address space, MiB) a worker's verifiers may allocate beyond the
+        worker's own start-up size; past it an allocation fails (MemoryError: the sample is an
+        error). 0 = no limit. Not applied inline (num_workers=0).
     """
     if not weights:
       raise ValueError('RewardRunner needs at least one verifier weight')
@@ -204,6 +225,7 @@ class RewardRunner:
     self.timeout_s = float(timeout_s)
     self.num_workers = int(num_workers)
     self.grace_s = float(grace_s)
+    self.memory_mb = int(memory_mb)
     self.pool_restarts = 0  # How many times the safety net killed and replaced the pool.
     self._pool = None
     if self.num_workers:
@@ -225,7 +247,7 @@ class RewardRunner:
       return
     pool = concurrent.futures.ProcessPoolExecutor(
         max_workers=self.num_workers, mp_context=multiprocessing.get_context('spawn'),
-        initializer=_init_worker)
+        initializer=_init_worker, initargs=(self.memory_mb,))
     self._pool = pool
     # One ping per worker makes the pool spawn all of them; waiting for the pings keeps
     # process start-up (a fresh interpreter per worker) out of the first call's deadline.

@@ -107,7 +107,8 @@ class JsonlSink(Hook):
   """Appends one JSON object per event to `path`, flushing every line.
 
   With `resume_step > 0`, lines logged after step `resume_step` by an earlier
-  (crashed) run are dropped first, so the resumed run does not duplicate them.
+  (crashed) run are dropped first, so the resumed run does not duplicate them;
+  with `resume_step == 0` (nothing to resume) the file starts empty.
   """
 
   def __init__(self, path: str | os.PathLike, resume_step: int = 0):
@@ -116,7 +117,10 @@ class JsonlSink(Hook):
     if resume_step > 0 and os.path.exists(self.path):
       self._truncate_after(resume_step)
     self._step = resume_step
-    self._file: io.TextIOBase | None = open(self.path, 'a', encoding='utf-8')
+    # A fresh start (no checkpoint to resume from) replaces what a run that died before its
+    # first checkpoint wrote: those steps run again.
+    self._file: io.TextIOBase | None = open(self.path, 'a' if resume_step > 0 else 'w',
+                                            encoding='utf-8')
 
   def _truncate_after(self, step: int) -> None:
     """Atomically rewrites the file keeping valid records with step <= `step`."""
@@ -190,7 +194,7 @@ class TensorBoardSink(Hook):
     self._step = resume_step
     self._writer = SummaryWriter(
         logdir=self.logdir, flush_secs=flush_secs,
-        purge_step=resume_step + 1 if resume_step > 0 else None)
+        purge_step=resume_step + 1)   # hides events a crashed run logged after resume_step
 
   def _scalars(self, step: int, values: Mapping[str, Any]) -> None:
     for name, value in values.items():
