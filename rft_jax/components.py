@@ -9,8 +9,9 @@ import jax
 from flax import nnx
 
 from rft_jax import checkpoint
-from rft_jax.data import arith, pipeline
+from rft_jax.data import arith, gsm8k, pipeline
 from rft_jax.models import functional as lm
+from rft_jax.models import hf_checkpoint
 from rft_jax.models.llama import ModelConfig
 from rft_jax.parallel import mesh as meshlib
 from rft_jax.tokenizer import load_tokenizer
@@ -32,17 +33,47 @@ class Components:
   test_source: Any
 
 
+def model_config(config) -> ModelConfig:
+  """config.model, or with config.model.path the ModelConfig of that HF directory's config.json.
+
+  With a path, config.model still states the architecture (the schema needs every key, and the
+  recipe then documents what it trains): each field must equal config.json's, except dtype,
+  which overrides the checkpoint's compute dtype, and max_position_embeddings, which may be
+  smaller. Fields only config.json has (rope_scaling, sliding_window) come from there.
+  """
+  path = config.model.get('path', '')
+  if not path:
+    return ModelConfig.from_dict(config.model)
+  try:
+    hf = hf_checkpoint.load_hf_config(path)
+  except hf_checkpoint.HFCheckpointError as e:
+    raise SetupError(f'config.model.path: {e}') from None
+  for key in config.model.keys():
+    if key in ('path', 'dtype'):
+      continue
+    mine, theirs = config.model[key], getattr(hf, key)
+    if key == 'max_position_embeddings':
+      if mine > theirs:
+        raise SetupError(f'config.model.max_position_embeddings={mine} exceeds {path}/config.json'
+                         f' max_position_embeddings={theirs}')
+    elif mine != theirs:
+      raise SetupError(f'config.model.{key}={mine!r} does not match {path}/config.json '
+                       f'(set it to {theirs!r})')
+  return dataclasses.replace(hf, dtype=config.model.dtype)
+
+
 def build(config) -> Components:
-  """Mesh, tokenizer, model and its initial params (random or config.init_from), data sources."""
+  """Mesh, tokenizer, model and its initial params (random, config.init_from, or the HF
+  checkpoint at config.model.path, read shard by shard onto the mesh), data sources."""
   try:
     mesh = meshlib.make_mesh(config.mesh)
   except meshlib.MeshError as e:
     raise SetupError(str(e)) from None
-  tokenizer = load_tokenizer(config.tokenizer.path)
-  model_cfg = ModelConfig.from_dict(config.model)
+  tokenizer = _load_tokenizer(config)
+  model_cfg = model_config(config)
   if tokenizer.vocab_size > model_cfg.vocab_size:
     raise SetupError(f'config.model.vocab_size={model_cfg.vocab_size} is smaller than the '
-                     f'tokenizer vocabulary ({tokenizer.vocab_size}, {config.tokenizer.path})')
+                     f'tokenizer vocabulary ({tokenizer.vocab_size}, {tokenizer.path})')
   graphdef, abstract_state = lm.abstract_params(model_cfg)
   shardings = meshlib.param_shardings(abstract_state, mesh)
   if config.init_from:
@@ -55,24 +86,65 @@ def build(config) -> Components:
     except ValueError as e:   # orbax: shape/structure mismatch with config.model
       raise SetupError(f'config.init_from={config.init_from} does not match config.model: '
                        f'{str(e).splitlines()[0]}') from None
+  elif config.model.get('path', ''):
+    try:
+      params = hf_checkpoint.load_hf_params(config.model.path, model_cfg, shardings)
+    except hf_checkpoint.HFCheckpointError as e:
+      raise SetupError(f'config.model.path: {e}') from None
   else:
     _, state = lm.create(model_cfg, config.seed)
     params = jax.device_put(nnx.to_pure_dict(state), shardings)
-  if config.task.name != 'arith':
-    raise SetupError(f"config.task.name={config.task.name!r}: unknown task; known: 'arith'")
+  train_source, test_source = load_task(config, tokenizer)
   return Components(
       mesh=mesh, tokenizer=tokenizer, model_cfg=model_cfg, graphdef=graphdef, params=params,
       param_shardings=shardings,
-      train_source=arith.load_split('train', config.task.data_dir),
-      test_source=arith.load_split('test', config.task.data_dir))
+      train_source=train_source, test_source=test_source)
+
+
+# The verifier whose 0/1 score is the held-out accuracy of each task (evaluation.Evaluator).
+TASK_VERIFIERS = {'arith': 'correct', 'gsm8k': 'gsm8k'}
+
+
+def _load_tokenizer(config):
+  """config.tokenizer.path, or with '' the HF model dir config.model.path (its tokenizer)."""
+  path = config.tokenizer.path or config.model.get('path', '')
+  key = 'tokenizer.path' if config.tokenizer.path else 'model.path'
+  try:
+    return load_tokenizer(path)
+  except (FileNotFoundError, ValueError) as e:
+    raise SetupError(f'config.{key}: {e}') from None
+
+
+def load_task(config, tokenizer):
+  """(train, test) sources of config.task. GSM8K reads config.task.manual_dir and renders its
+  questions through the tokenizer's chat template (pipeline.PromptFormat)."""
+  task = config.task
+  if task.name == 'arith':
+    return arith.load_split('train', task.data_dir), arith.load_split('test', task.data_dir)
+  if task.name != 'gsm8k':
+    raise SetupError(f'config.task.name={task.name!r}: unknown task; known: '
+                     + ', '.join(TASK_VERIFIERS))
+  try:
+    splits = [gsm8k.load_split(split, task.manual_dir, task.data_dir)
+              for split in ('train', 'test')]
+  except (FileNotFoundError, ValueError) as e:   # one line naming the file (and record)
+    raise SetupError(f'config.task.manual_dir: {e}') from None
+  chat = task.get('chat_template', True)
+  if chat and not getattr(tokenizer, 'chat_template', None):
+    raise SetupError(f'config.task.chat_template=True but the tokenizer ({tokenizer!r}) has no '
+                     'chat template; set it to False for plain-text prompts')
+  fmt = pipeline.PromptFormat(chat=chat, system_prompt=task.get('system_prompt', ''),
+                              instruction=task.get('instruction', ''))
+  return tuple(pipeline.formatted(s, tokenizer, fmt) for s in splits)
 
 
 def eval_batch(c: Components, config) -> dict:
   """The fixed held-out prompts (first eval.num_prompts of the test split)."""
   try:
-    return pipeline.eval_prompts(c.test_source, c.tokenizer,
-                                 max_prompt_len=config.task.max_prompt_len,
-                                 num_prompts=config.eval.num_prompts)
+    batch = pipeline.eval_prompts(c.test_source, c.tokenizer,
+                                  max_prompt_len=config.task.max_prompt_len,
+                                  num_prompts=config.eval.num_prompts)
   except ValueError as e:   # names the record and what is wrong with it
     raise SetupError(f'test split: {e}') from None
+  return {**batch, 'verifier': TASK_VERIFIERS[config.task.name]}
 

@@ -34,31 +34,39 @@ SCHEMA: dict[str, Any] = {
     'name': str,
     'seed': int,
     'init_from': str,   # orbax params dir; '' = random init
-    'task': {'name': str, 'data_dir': str, 'max_prompt_len': int},
-    'tokenizer': {'path': str},
+    'task': {'name': str, 'data_dir': str, 'max_prompt_len': int,
+             # Optional (OPTIONAL_KEYS), for tasks read from files and chat models (gsm8k):
+             'manual_dir': str, 'chat_template': bool, 'system_prompt': str,
+             'instruction': str, 'bad_records': str},
+    'tokenizer': {'path': str},   # '' = config.model.path (an HF model dir holds its tokenizer)
     'model': {
         'vocab_size': int, 'hidden_size': int, 'intermediate_size': int,
         'num_hidden_layers': int, 'num_attention_heads': int, 'num_key_value_heads': int,
         'head_dim': int, 'rope_theta': float, 'rms_norm_eps': float,
         'tie_word_embeddings': bool, 'attention_bias': bool,
         'max_position_embeddings': int, 'dtype': str,
+        'path': str,   # optional (OPTIONAL_KEYS): a local HF model dir; see components.model_config
     },
     'rollout': {
         'prompts_per_step': int, 'group_size': int, 'max_new_tokens': int,
         'temperature': float, 'top_k': int, 'top_p': float,
     },
     'rewards': {'weights': NAME_TO_FLOAT, 'timeout_s': float, 'num_workers': int,
-                'max_invalid_frac': float},
+                'max_invalid_frac': float, 'memory_mb': int},
     'algo': {
         'advantage': str, 'loss': str, 'loss_agg': str, 'clip_eps': float, 'kl_coef': float,
         'kl_estimator': str, 'updates_per_batch': int, 'microbatches': int,
+        # Optional (see OPTIONAL_KEYS; defaults in rft_jax/algorithms/grpo.py GRPOConfig):
+        'clip_eps_low': float, 'clip_eps_high': float, 'clip_c': float, 'entropy_coef': float,
+        'kl_in_reward': bool, 'max_len': int,
     },
     'sft': {'batch_size': int, 'answer_len': int, 'teacher_error_rate': float},
     'optim': {
         'lr': float, 'warmup_steps': int, 'b1': float, 'b2': float,
         'weight_decay': float, 'grad_clip': float,
     },
-    'train': {'steps': int, 'eval_every': int, 'ckpt_every': int, 'keep_checkpoints': int},
+    'train': {'steps': int, 'eval_every': int, 'ckpt_every': int, 'keep_checkpoints': int,
+              'min_good_checkpoints': int},
     'eval': {'num_prompts': int, 'k': int, 'temperature': float},
     'mesh': {'data': int, 'fsdp': int, 'tensor': int},
     'telemetry': {'console': bool, 'jsonl': bool, 'tensorboard': bool, 'plot': bool,
@@ -69,10 +77,28 @@ SCHEMA: dict[str, Any] = {
 
 RL_SECTIONS = ('rollout', 'rewards', 'algo')
 OPTIONAL_SECTIONS = ('monitor', 'faults')
+# Keys a recipe may leave out; code reading them uses config.<section>.get(key, default).
+OPTIONAL_KEYS = frozenset({
+    'model.path',                   # default '' (the model config.model describes)
+    # task options, defaults in rft_jax/data/pipeline.py PromptFormat / rft_jax/components.py:
+    'task.manual_dir', 'task.chat_template', 'task.system_prompt', 'task.instruction',
+    'task.bad_records',             # 'error' (default) or 'skip': see rft_jax/data/pipeline.py
+    'train.min_good_checkpoints',   # default 1: see rft_jax/runs.py save_checkpoint
+    'rewards.memory_mb',            # default 0 (no limit): see rft_jax/rewards/runner.py
+    # algo options (GRPOConfig defaults: clip_eps_low/high = clip_eps, clip_c 0 = no dual-clip,
+    # entropy_coef 0, kl_in_reward False, max_len 0 = rollout.max_new_tokens)
+    'algo.clip_eps_low', 'algo.clip_eps_high', 'algo.clip_c', 'algo.entropy_coef',
+    'algo.kl_in_reward', 'algo.max_len',
+})
 MONITOR_MODES = ('off', 'warn', 'halt', 'auto')
 SFT_SECTIONS = ('sft',)
 DTYPES = ('float32', 'bfloat16')
 KL_ESTIMATORS = ('k1', 'k2', 'k3')   # as in rft_jax.algorithms.losses.kl_penalty
+# Advantage estimators that work with fewer than 2 completions per prompt (no group baseline);
+# must match the registry's min_group_size (checked by tests/test_algorithm_suite.py). Kept here
+# so that this check runs without importing JAX.
+GROUP_FREE_ADVANTAGES = ('reinforce_pp',)
+DUAL_CLIP_LOSSES = ('ppo_clip', 'gspo')   # losses that implement algo.clip_c
 
 _NO_VALUE = object()
 
@@ -111,6 +137,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
   rules = _COMMON_RULES + (_SFT_RULES if is_sft(config) else _RL_RULES)
   for key, ok, requirement in rules:
+    if key in OPTIONAL_KEYS and not has_key(config, key):
+      continue
     value = lookup(config, key)
     if not ok(value):
       raise ConfigError(key, requirement, value)
@@ -175,7 +203,7 @@ def _check_section(section: ml_collections.ConfigDict, schema: dict, prefix: str
     elif not _has_type(value, want):
       raise ConfigError(path, f'expected {want.__name__}, got {_type_name(value)}', value)
   for key in schema:
-    if key not in section and key not in optional:
+    if key not in section and key not in optional and prefix + key not in OPTIONAL_KEYS:
       raise ConfigError(prefix + key, 'missing key')
 
 
@@ -229,6 +257,7 @@ _COMMON_RULES: list[Rule] = [
     _at_least('train.eval_every', 1),
     _at_least('train.ckpt_every', 1),
     _at_least('train.keep_checkpoints', 1),
+    _at_least('train.min_good_checkpoints', 0),
     _at_least('eval.num_prompts', 1),
     _at_least('eval.k', 1),
     _at_least('eval.temperature', 0),
@@ -240,19 +269,27 @@ _COMMON_RULES: list[Rule] = [
 _RL_RULES: list[Rule] = [
     ('rewards.max_invalid_frac', lambda v: 0 <= v <= 1, 'must be in [0, 1]'),
     _at_least('rollout.prompts_per_step', 1),
-    ('rollout.group_size', lambda v: v >= 2, 'GRPO needs at least 2 completions per prompt'),
+    _at_least('rollout.group_size', 1),   # >= 2 for group baselines: see _check_algo
     _at_least('rollout.max_new_tokens', 1),
     _at_least('rollout.temperature', 0),
     _at_least('rollout.top_k', 0),
     ('rollout.top_p', lambda v: 0 < v <= 1, 'must be in (0, 1]'),
     _above('rewards.timeout_s', 0),
     _at_least('rewards.num_workers', 0),
+    _at_least('rewards.memory_mb', 0),
+    ('task.bad_records', lambda v: v in ('error', 'skip'), "must be 'error' or 'skip'"),
     _above('algo.clip_eps', 0),
     _at_least('algo.kl_coef', 0),
     ('algo.kl_estimator', lambda v: v in KL_ESTIMATORS,
      f'must be one of {", ".join(map(repr, KL_ESTIMATORS))}'),
     _at_least('algo.updates_per_batch', 1),
     _at_least('algo.microbatches', 1),
+    _at_least('algo.clip_eps_low', 0),
+    _at_least('algo.clip_eps_high', 0),
+    ('algo.clip_c', lambda v: v == 0 or v > 1,
+     'dual-clip constant must be > 1 (Ye et al. 2020), or 0 for no dual-clip'),
+    _at_least('algo.entropy_coef', 0),
+    ('algo.max_len', lambda v: v >= 0, 'must be >= 0 (0 = rollout.max_new_tokens)'),
 ]
 
 _SFT_RULES: list[Rule] = [
@@ -269,6 +306,10 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
     raise ConfigError('model.num_key_value_heads',
                       f'must divide model.num_attention_heads={model.num_attention_heads}',
                       model.num_key_value_heads)
+  path = model.get('path', '')
+  if path and not os.path.isfile(os.path.join(path, 'config.json')):
+    raise ConfigError('model.path', f'not a HF model directory with a config.json (relative to '
+                      f"{os.getcwd()}); '' = the model config.model describes", path)
 
 
 def _check_mesh(config: ml_collections.ConfigDict) -> None:
@@ -278,7 +319,22 @@ def _check_mesh(config: ml_collections.ConfigDict) -> None:
                       f'at most one mesh axis may be -1 (mesh.{flexible[0]} is already -1)', -1)
 
 
+def _check_algo(config: ml_collections.ConfigDict) -> None:
+  """Algorithm choices that do not fit together (no JAX import: names are checked later)."""
+  rollout, algo = config.rollout, config.algo
+  if rollout.group_size < 2 and algo.advantage not in GROUP_FREE_ADVANTAGES:
+    reason = 'GRPO needs at least 2 completions per prompt'
+    if algo.advantage != 'grpo':
+      reason += (f' (algo.advantage={algo.advantage!r} uses a group baseline; with 1 use '
+                 + ' or '.join(map(repr, GROUP_FREE_ADVANTAGES)) + ')')
+    raise ConfigError('rollout.group_size', reason, rollout.group_size)
+  if algo.get('clip_c', 0) and algo.loss not in DUAL_CLIP_LOSSES:
+    raise ConfigError('algo.clip_c', f'dual-clip applies to the {" and ".join(DUAL_CLIP_LOSSES)} '
+                      f'losses, not algo.loss={algo.loss!r}; set it to 0', algo.clip_c)
+
+
 def _check_rollout(config: ml_collections.ConfigDict) -> None:
+  _check_algo(config)
   rollout, algo = config.rollout, config.algo
   batch = rollout.prompts_per_step * rollout.group_size
   if batch % algo.microbatches:
@@ -305,13 +361,33 @@ def _check_fits(config: ml_collections.ConfigDict, completion_key: str) -> None:
         completion_len)
 
 
+TASKS = ('arith', 'gsm8k')   # rft_jax/components.py load_task
+
+
+def _check_task(config: ml_collections.ConfigDict) -> None:
+  task = config.task
+  if task.name not in TASKS:
+    raise ConfigError('task.name', 'unknown task' + did_you_mean(task.name, TASKS) + '; known: '
+                      + ', '.join(TASKS), task.name)
+  if task.name == 'gsm8k':
+    manual_dir = task.get('manual_dir', '')
+    if not manual_dir:
+      raise ConfigError('task.manual_dir', 'required for task gsm8k: the directory holding the '
+                        'official train.jsonl and test.jsonl', manual_dir)
+    if not os.path.isdir(os.path.expanduser(manual_dir)):
+      raise ConfigError('task.manual_dir', f'no such directory (relative to {os.getcwd()}); it '
+                        'must hold train.jsonl and test.jsonl', manual_dir)
+
+
 def _check_paths(config: ml_collections.ConfigDict) -> None:
   """Files the run reads; relative paths are relative to the current directory."""
   path = config.tokenizer.path
-  if not path:
-    raise ConfigError('tokenizer.path', 'required (a tokenizer file)', path)
-  if not os.path.exists(path):
+  if not path and not config.model.get('path', ''):
+    raise ConfigError('tokenizer.path', "required (a tokenizer file or HF model dir; '' = "
+                      'config.model.path, which is not set either)', path)
+  if path and not os.path.exists(path):
     raise ConfigError('tokenizer.path', f'not found (relative to {os.getcwd()})', path)
+  _check_task(config)
   if config.init_from and not os.path.isdir(config.init_from):
     raise ConfigError('init_from',
                       f"no such directory (relative to {os.getcwd()}); '' = random init",
@@ -355,6 +431,14 @@ def lookup(config: ml_collections.ConfigDict, key: str) -> Any:
   for part in key.split('.'):
     value = value[part]
   return value
+
+
+def has_key(config: ml_collections.ConfigDict, key: str) -> bool:
+  try:
+    lookup(config, key)
+  except (KeyError, AttributeError):
+    return False
+  return True
 
 
 def did_you_mean(name: str, candidates) -> str:

@@ -2,6 +2,8 @@
 
 greedy_acc = mean over prompts of correct(greedy completion);
 mean@k_acc = mean over prompts and k samples (at eval temperature) of correct(sample).
+`correct` is the verifier named by eval_batch['verifier'] ('correct' when absent; 'gsm8k' for
+GSM8K: see components.TASK_VERIFIERS).
 """
 import jax
 import numpy as np
@@ -25,12 +27,13 @@ class Evaluator:
     self._answers = [str(a) for a in eval_batch['answer']]
     self.k = k
     self._rng = jax.random.key(seed + 1_000_003)   # fixed: every eval sees the same noise
-    self._score = RewardRunner({'correct': 1.0}, num_workers=0)
+    self._verifier = eval_batch.get('verifier', 'correct')
+    self._score = RewardRunner({self._verifier: 1.0}, num_workers=0)
 
   def _correct(self, rollout, answers) -> np.ndarray:
     texts = decode_completions(self._tokenizer, rollout.tokens_bt, rollout.mask_bt)
     result = self._score(texts, answers)
-    return np.where(result.valid, result.per_verifier['correct'], 0.0)
+    return np.where(result.valid, result.per_verifier[self._verifier], 0.0)
 
   def __call__(self, params) -> dict[str, float]:
     pt, pm = self._batch['prompt_tokens'], self._batch['prompt_mask']

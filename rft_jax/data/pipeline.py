@@ -15,9 +15,17 @@ Token layout (P = max_prompt_len, A = answer_len, B = batch size):
   prompt_tokens [B, P]   pad ... pad BOS p1 .. pk        (left-padded)
   tokens        [B, P+A] pad .. BOS p1 .. pk a1 .. am EOS pad ..
 
-so every prompt ends at column P-1 and generation starts at column P.
+so every prompt ends at column P-1 and generation starts at column P. A prompt starts with
+exactly one BOS when the tokenizer has one: none is added when the text already encodes to a
+leading BOS (a chat template that writes ``bos_token``, as Llama's do), none exists for Qwen2.
+
+Chat models see the prompt through the tokenizer's chat template: ``formatted(source, tokenizer,
+PromptFormat(...))`` wraps a source so that each record's ``prompt`` is the rendered text
+(system message, question + instruction as the user turn, then the assistant header). The
+arithmetic task uses raw prompts.
 """
 
+import dataclasses
 import functools
 from typing import Any, Mapping, Sequence
 
@@ -38,9 +46,104 @@ def _to_str(value: Any) -> str:
 
 
 def normalize_record(record: Mapping[str, Any]) -> dict[str, Any]:
-  """``{'id': int, 'prompt': str, 'answer': str}`` from a raw source record."""
-  return {'id': int(record['id']), 'prompt': _to_str(record['prompt']),
-          'answer': _to_str(record['answer'])}
+  """``{'id': int, 'prompt': str, 'answer': str}`` from a raw source record.
+
+  Raises:
+    ValueError naming the record: a missing field, an id that is not an integer, an empty prompt.
+  """
+  rid = record.get('id', '?') if isinstance(record, Mapping) else '?'
+  try:
+    out = {'id': int(record['id']), 'prompt': _to_str(record['prompt']),
+           'answer': _to_str(record['answer'])}
+  except KeyError as e:
+    raise ValueError(f'record id={rid}: missing field {e}') from None
+  except (TypeError, ValueError) as e:
+    raise ValueError(f'record id={rid}: bad field value ({e})') from None
+  if not out['prompt'].strip():
+    raise ValueError(f"record id={out['id']}: empty prompt")
+  return out
+
+
+class BadRecords:
+  """Records skipped by a pipeline built with ``on_bad_record='skip'``.
+
+  ``drain()`` returns the one-line reasons collected since the last call (thread-safe: grain's
+  reader threads append). With ``on_bad_record='error'`` the first bad record raises instead.
+  """
+
+  def __init__(self, source_name: str = 'data'):
+    self.source_name = source_name
+    self.total = 0
+    self._new: list[str] = []
+
+  def add(self, reason: str) -> None:
+    self.total += 1
+    self._new.append(f'{self.source_name}: {reason}')
+
+  def drain(self) -> list[str]:
+    out, self._new = self._new, []
+    return out
+
+
+def _encode_or_skip(record, *, bad: BadRecords, encode):
+  """encode(normalize_record(record)), or None (recorded in `bad`) for a bad record."""
+  try:
+    return encode(normalize_record(record))
+  except ValueError as e:
+    bad.add(str(e))
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptFormat:
+  """How a task's question becomes the model's input text.
+
+  Attributes:
+    chat: render through ``tokenizer.apply_chat_template`` (with the generation prompt);
+      False = the question (+ instruction) as plain text.
+    system_prompt: the system message; '' = none (the template's default, e.g. Qwen2.5's
+      "You are Qwen, created by Alibaba Cloud...").
+    instruction: appended to the question on a new line ('' = nothing), e.g. "Please reason
+      step by step, and put your final answer within \\boxed{}."
+  """
+  chat: bool = False
+  system_prompt: str = ''
+  instruction: str = ''
+
+  def render(self, question: str, tokenizer: Tokenizer) -> str:
+    user = f'{question}\n{self.instruction}' if self.instruction else question
+    if not self.chat:
+      return user
+    messages = [{'role': 'system', 'content': self.system_prompt}] if self.system_prompt else []
+    messages.append({'role': 'user', 'content': user})
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+
+class FormattedSource:
+  """A random-access source whose records' ``prompt`` is ``fmt.render(prompt)``; the raw
+  question stays in ``'question'``. Rendering happens on read (cheap next to sampling)."""
+
+  def __init__(self, source: Sequence[Any], tokenizer: Tokenizer, fmt: PromptFormat):
+    self._source, self._tokenizer, self.format = source, tokenizer, fmt
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def __getitem__(self, index: int) -> dict[str, Any]:
+    record = normalize_record(self._source[index])
+    return {**record, 'question': record['prompt'],
+            'prompt': self.format.render(record['prompt'], self._tokenizer)}
+
+
+def formatted(source: Sequence[Any], tokenizer: Tokenizer,
+              fmt: PromptFormat) -> Sequence[Any]:
+  """``source`` with prompts rendered by ``fmt``; ``source`` itself for the plain default."""
+  return source if fmt == PromptFormat() else FormattedSource(source, tokenizer, fmt)
+
+
+def _short(text: str, limit: int = 80) -> str:
+  text = repr(text)
+  return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
 def encode_prompt(record: Mapping[str, Any], tokenizer: Tokenizer,
@@ -49,15 +152,18 @@ def encode_prompt(record: Mapping[str, Any], tokenizer: Tokenizer,
 
   Returns:
     ``{'prompt_tokens': int32 [P], 'prompt_mask': int32 [P], 'id': int64 [],
-    'prompt': str, 'answer': str}``; the prompt is BOS then its pieces, no EOS.
+    'prompt': str, 'answer': str}``; the prompt is BOS (if the tokenizer has one, and only
+    one) then its pieces, no EOS.
 
   Raises:
     ValueError: BOS + prompt is longer than ``max_prompt_len``.
   """
-  ids = tokenizer.encode(record['prompt'], add_bos=True)
+  ids = tokenizer.encode(record['prompt'])
+  if tokenizer.bos_id is not None and ids[:1] != [tokenizer.bos_id]:
+    ids = [tokenizer.bos_id] + ids
   if len(ids) > max_prompt_len:
     raise ValueError(
-        f"record id={record['id']}: prompt {record['prompt']!r} is "
+        f"record id={record['id']}: prompt {_short(record['prompt'])} is "
         f'{len(ids)} tokens (with BOS) > max_prompt_len={max_prompt_len}')
   pad = max_prompt_len - len(ids)
   tokens = np.full((max_prompt_len,), tokenizer.pad_id, np.int32)
@@ -103,8 +209,8 @@ def encode_sft(record: Mapping[str, Any], tokenizer: Tokenizer,
 
 def _records(source: Sequence[Any], *, seed: int, shuffle: bool,
              num_epochs: int | None, shard_index: int,
-             shard_count: int) -> grain.MapDataset:
-  """source -> shard -> (shuffle) -> repeat -> normalise, as a MapDataset."""
+             shard_count: int, normalize: bool = True) -> grain.MapDataset:
+  """source -> shard -> (shuffle) -> repeat -> (normalise), as a MapDataset."""
   if not 0 <= shard_index < shard_count:
     raise ValueError(
         f'shard_index={shard_index} not in [0, shard_count={shard_count})')
@@ -114,14 +220,14 @@ def _records(source: Sequence[Any], *, seed: int, shuffle: bool,
   if shuffle:
     ds = ds.shuffle(seed=seed)
   ds = ds.repeat(num_epochs)
-  return ds.map(normalize_record)
+  return ds.map(normalize_record) if normalize else ds
 
 
 def prompt_batches(source: Sequence[Any], tokenizer: Tokenizer, *,
                    max_prompt_len: int, batch_size: int, seed: int,
                    shuffle: bool = True, num_epochs: int | None = None,
-                   shard_index: int = 0,
-                   shard_count: int = 1) -> grain.DatasetIterator:
+                   shard_index: int = 0, shard_count: int = 1,
+                   bad_records: BadRecords | None = None) -> grain.DatasetIterator:
   """Checkpointable iterator of prompt batches for sampling.
 
   Each batch: ``'prompt_tokens'`` int32 [B, P] (left-padded, BOS first, no
@@ -129,13 +235,21 @@ def prompt_batches(source: Sequence[Any], tokenizer: Tokenizer, *,
   ``'answer'`` numpy str arrays [B]. ``num_epochs=None`` repeats forever; a
   final partial batch is dropped so shapes stay static. Host ``shard_index``
   of ``shard_count`` reads records ``shard_index::shard_count``.
+
+  A bad record (missing field, empty or over-long prompt) raises ValueError naming it when the
+  batch containing it is read; with ``bad_records`` given it is skipped and reported there.
   """
-  ds = _records(source, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
-                shard_index=shard_index, shard_count=shard_count)
-  ds = ds.map(functools.partial(encode_prompt, tokenizer=tokenizer,
-                                  max_prompt_len=max_prompt_len))
-  ds = ds.batch(batch_size, drop_remainder=True)
-  return iter(ds.to_iter_dataset(_READ_OPTIONS))
+  encode = functools.partial(encode_prompt, tokenizer=tokenizer, max_prompt_len=max_prompt_len)
+  if bad_records is None:
+    ds = _records(source, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
+                  shard_index=shard_index, shard_count=shard_count).map(encode)
+    ds = ds.to_iter_dataset(_READ_OPTIONS)
+  else:
+    ds = _records(source, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
+                  shard_index=shard_index, shard_count=shard_count, normalize=False)
+    ds = ds.map(functools.partial(_encode_or_skip, bad=bad_records, encode=encode))
+    ds = ds.to_iter_dataset(_READ_OPTIONS).filter(lambda x: x is not None)
+  return iter(ds.batch(batch_size, drop_remainder=True))
 
 
 def sft_batches(source: Sequence[Any], tokenizer: Tokenizer, *,

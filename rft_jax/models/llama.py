@@ -12,6 +12,11 @@ F MLP size, V vocab.
 
 Every parameter carries logical axis names (`vocab`, `embed`, `heads`, `kv_heads`, `mlp`); the
 parallel package maps them onto the ('data', 'fsdp', 'tensor') mesh.
+
+Numerics follow transformers' Llama/Qwen2/Mistral: attention logits scaled by 1/sqrt(D) and
+softmaxed in float32; RMSNorm normalises in float32, casts back to the activation dtype and then
+multiplies by its weight (so bf16 runs round where HF rounds); rotary angles are computed in
+float32. Optional llama3 rope scaling (Llama 3.1+) and a Mistral sliding window are exact.
 """
 import dataclasses
 from typing import Any
@@ -39,6 +44,11 @@ class ModelConfig:
   attention_bias: bool = False
   max_position_embeddings: int = 2048
   dtype: str = 'float32'
+  # HF `rope_scaling` as sorted (key, value) pairs (hashable); None = plain rope. Only
+  # rope_type 'llama3' (factor, low_freq_factor, high_freq_factor,
+  # original_max_position_embeddings) is implemented.
+  rope_scaling: tuple[tuple[str, Any], ...] | None = None
+  sliding_window: int | None = None   # Mistral: query slot q sees key slots s with q - W < s <= q
 
   @classmethod
   def from_dict(cls, d: Any) -> 'ModelConfig':
@@ -74,18 +84,45 @@ class RMSNorm(nnx.Module):
         jax.random.key(0), (dim,), jnp.float32))
 
   def __call__(self, x):
+    """As HF: the weight multiplies after the cast back to x.dtype (same result in float32)."""
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return (y * self.weight[...]).astype(x.dtype)
+    return self.weight[...].astype(x.dtype) * y.astype(x.dtype)
 
 
-def rope(x_btnd: jax.Array, positions_bt: jax.Array, theta: float) -> jax.Array:
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+  """Rotary inverse frequencies [D/2] (float32), as transformers' rope init functions.
+
+  Plain: inv_freq_j = theta^(-2j/D). llama3 (transformers `_compute_llama3_parameters`), with
+  wavelen_j = 2*pi / inv_freq_j, L = original_max_position_embeddings, f = factor:
+    wavelen_j < L / high_freq_factor  -> inv_freq_j                     (high frequencies kept)
+    wavelen_j > L / low_freq_factor   -> inv_freq_j / f                 (low frequencies scaled)
+    otherwise, s = (L / wavelen_j - low_freq_factor) / (high_freq_factor - low_freq_factor):
+                                      -> (1 - s) * inv_freq_j / f + s * inv_freq_j
+  """
+  d = cfg.head_dim
+  inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+  if cfg.rope_scaling is None:
+    return inv_freq
+  rs = dict(cfg.rope_scaling)
+  if rs.get('rope_type') != 'llama3':
+    raise ValueError(f'rope_scaling rope_type={rs.get("rope_type")!r}: only llama3 is implemented')
+  factor, low, high = rs['factor'], rs['low_freq_factor'], rs['high_freq_factor']
+  old_len = rs['original_max_position_embeddings']
+  wavelen = 2 * jnp.pi / inv_freq
+  scaled = jnp.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+  smooth = (old_len / wavelen - low) / (high - low)
+  smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+  is_medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
+  return jnp.where(is_medium, smoothed, scaled)
+
+
+def rope(x_btnd: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) -> jax.Array:
   """Rotary embedding, HF layout: x*cos + rotate_half(x)*sin with freqs duplicated over halves.
 
-  inv_freq_j = theta^(-2j/D), angle_btj = position_bt * inv_freq_j, j < D/2.
+  inv_freq [D/2] from `rope_inv_freq`; angle_btj = position_bt * inv_freq_j, j < D/2.
   """
   d = x_btnd.shape[-1]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
   angle = positions_bt.astype(jnp.float32)[..., None] * inv_freq            # [B,T,D/2]
   angle = jnp.concatenate([angle, angle], axis=-1)[:, :, None, :]          # [B,T,1,D]
   x = x_btnd.astype(jnp.float32)
@@ -109,14 +146,16 @@ class Attention(nnx.Module):
   def __call__(self, x_bte, positions_bt, kv_valid_bs, cache, cache_index):
     """Returns (out [B,T,E], new layer cache or None).
 
-    kv_valid_bs [B,S] marks key slots holding real tokens. Query t sits in slot cache_index + t
-    and attends to slot s iff kv_valid[b,s] and s <= cache_index + t.
+    kv_valid_bs [B,S] marks key slots holding real tokens. Query t sits in slot q = cache_index + t
+    and attends to slot s iff kv_valid[b,s] and s <= q (and q - W < s with a sliding window W,
+    counted in slots as transformers does, pads included).
     """
     cfg = self.cfg
     b, t, _ = x_bte.shape
     h, k, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q = rope(self.q_proj(x_bte).reshape(b, t, h, d), positions_bt, cfg.rope_theta)
-    kk = rope(self.k_proj(x_bte).reshape(b, t, k, d), positions_bt, cfg.rope_theta)
+    inv_freq = rope_inv_freq(cfg)
+    q = rope(self.q_proj(x_bte).reshape(b, t, h, d), positions_bt, inv_freq)
+    kk = rope(self.k_proj(x_bte).reshape(b, t, k, d), positions_bt, inv_freq)
     v = self.v_proj(x_bte).reshape(b, t, k, d)
     if cache is not None:
       kk = jax.lax.dynamic_update_slice_in_dim(cache['k'], kk.astype(cache['k'].dtype),
@@ -127,8 +166,11 @@ class Attention(nnx.Module):
     s = kk.shape[1]
     q = q.reshape(b, t, k, h // k, d)
     scores = jnp.einsum('btkgd,bskd->bkgts', q, kk).astype(jnp.float32) / jnp.sqrt(d)
-    slot_q = cache_index + jnp.arange(t)
-    allowed = (jnp.arange(s)[None, :] <= slot_q[:, None])[None] & kv_valid_bs[:, None, :]  # [B,T,S]
+    slot_q, slot_k = cache_index + jnp.arange(t)[:, None], jnp.arange(s)[None, :]
+    causal_ts = slot_k <= slot_q
+    if cfg.sliding_window is not None:
+      causal_ts &= slot_k > slot_q - cfg.sliding_window
+    allowed = causal_ts[None] & kv_valid_bs[:, None, :]                       # [B,T,S]
     scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum('bkgts,bskd->btkgd', probs, v).reshape(b, t, h * d)

@@ -91,3 +91,7 @@ def format_ok(completion: str, answer: str) -> float:
   if not _INT_RE.fullmatch(text):
     return 0.0
   return 1.0 if len(text.lstrip('-')) <= FORMAT_MAX_DIGITS else 0.0
+
+
+# Task verifiers in their own modules register on import (kept last: they import this module).
+from rft_jax.rewards import gsm8k  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import  # noqa: E402,F401

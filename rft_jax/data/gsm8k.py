@@ -1,0 +1,180 @@
+"""GSM8K (grade-school math word problems) as a TFDS dataset, built from local files.
+
+Nothing is downloaded: the user puts the official files in a directory (TFDS's ``manual_dir``,
+``config.task.manual_dir``)::
+
+  MANUAL_DIR/train.jsonl   7473 lines  {"question": "...", "answer": "... #### 72"}
+  MANUAL_DIR/test.jsonl    1319 lines
+
+(e.g. ``grade_school_math/data/`` of github.com/openai/grade-school-math). Each line is one
+JSON object with string fields ``question`` and ``answer``; the answer is the worked solution
+ending in ``#### <final number>``.
+
+Records are dicts ``{'id': int64, 'prompt': text, 'answer': text, 'solution': text}``: ``id`` is
+the 0-based line number in its file, ``prompt`` the question (raw: the chat template and the
+instruction are applied by the pipeline, see ``pipeline.PromptFormat``), ``answer`` the text
+after the last ``####`` (stripped, e.g. ``'72'`` or ``'1,234'``; the ``gsm8k`` verifier
+normalises it), ``solution`` the full answer field.
+
+The files are checked before anything is written: a missing file, a line that is not a JSON
+object, a missing or non-string field, an empty question or an answer without ``####`` raises
+ValueError naming the file and line. The prepared dataset lives in
+``DATA_DIR/gsm8k/files_<hash>/``, where the hash covers both files' bytes, so editing the files
+makes a new dataset instead of reusing a stale one.
+
+Only ``file_format='array_record'`` is used (no TensorFlow here); read with
+``builder.as_data_source``.
+"""
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+from typing import Any, Iterator
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from rft_jax.data import arith
+
+SPLIT_FILES = {'train': 'train.jsonl', 'test': 'test.jsonl'}
+
+
+def _files_error(manual_dir: str, detail: str) -> FileNotFoundError:
+  names = ' and '.join(SPLIT_FILES.values())
+  return FileNotFoundError(f'GSM8K manual_dir {manual_dir}: {detail}; it must hold {names} '
+                           '(the official GSM8K files, one {"question", "answer"} per line)')
+
+
+def split_path(manual_dir: str, split: str) -> str:
+  """Path of ``split``'s file in ``manual_dir``; FileNotFoundError naming both if missing."""
+  manual_dir = os.path.expanduser(manual_dir)
+  if not os.path.isdir(manual_dir):
+    raise _files_error(manual_dir, 'no such directory')
+  missing = [name for name in SPLIT_FILES.values()
+             if not os.path.isfile(os.path.join(manual_dir, name))]
+  if missing:
+    raise _files_error(manual_dir, 'missing ' + ', '.join(missing))
+  return os.path.join(manual_dir, SPLIT_FILES[split])
+
+
+def parse_record(line: str, index: int, path: str) -> dict[str, Any]:
+  """One JSONL line -> a record; ValueError naming ``path`` and line ``index`` if malformed."""
+  where = f'{path} line {index + 1} (record {index})'
+  try:
+    raw = json.loads(line)
+  except ValueError as e:
+    raise ValueError(f'{where}: not valid JSON ({e})') from None
+  if not isinstance(raw, dict):
+    raise ValueError(f'{where}: expected a JSON object, got {type(raw).__name__}')
+  for field in ('question', 'answer'):
+    if field not in raw:
+      raise ValueError(f'{where}: missing field {field!r}')
+    if not isinstance(raw[field], str):
+      raise ValueError(f'{where}: field {field!r} is {type(raw[field]).__name__}, not a string')
+  if not raw['question'].strip():
+    raise ValueError(f'{where}: empty question')
+  if '####' not in raw['answer']:
+    raise ValueError(f"{where}: answer has no '####' before the final answer")
+  final = raw['answer'].rsplit('####', 1)[1].strip()
+  if not final:
+    raise ValueError(f"{where}: nothing after '####' in the answer")
+  return {'id': index, 'prompt': raw['question'].strip(), 'answer': final,
+          'solution': raw['answer']}
+
+
+def read_split(manual_dir: str, split: str) -> list[dict[str, Any]]:
+  """Every record of ``split`` (checked, see ``parse_record``); blank lines are skipped but
+  still count for ids and line numbers."""
+  path = split_path(manual_dir, split)
+  records = []
+  with open(path, encoding='utf-8') as f:
+    for index, line in enumerate(f):
+      if line.strip():
+        records.append(parse_record(line, index, path))
+  if not records:
+    raise ValueError(f'{path}: no records')
+  return records
+
+
+def files_digest(manual_dir: str) -> str:
+  """A short hash of both split files' bytes (names the prepared dataset)."""
+  h = hashlib.sha256()
+  for split in sorted(SPLIT_FILES):
+    with open(split_path(manual_dir, split), 'rb') as f:
+      h.update(hashlib.sha256(f.read()).digest())
+  return h.hexdigest()[:16]
+
+
+@dataclasses.dataclass
+class Gsm8kConfig(tfds.core.BuilderConfig):
+  """A GSM8K build from the files of one ``manual_dir`` (named by their hash)."""
+  manual_dir: str = ''
+
+
+class Gsm8k(tfds.core.GeneratorBasedBuilder):
+  """TFDS builder for GSM8K from local files (see module docstring)."""
+
+  VERSION = tfds.core.Version('1.0.0')
+  RELEASE_NOTES = {'1.0.0': 'Initial release.'}
+  MANUAL_DOWNLOAD_INSTRUCTIONS = (
+      'Put the official GSM8K train.jsonl and test.jsonl in the manual directory.')
+  code_path = None   # nothing to download: no checksums file to look for
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description='GSM8K grade-school math word problems, from local JSONL files.',
+        features=tfds.features.FeaturesDict({
+            'id': np.int64,
+            'prompt': tfds.features.Text(),
+            'answer': tfds.features.Text(),
+            'solution': tfds.features.Text(),
+        }),
+        disable_shuffling=True,   # record i of a split is line i of its file (blank lines aside)
+    )
+
+  def _split_generators(self, dl_manager: Any) -> dict[str, Iterator[Any]]:
+    del dl_manager   # the files come from the builder config's manual_dir
+    return {split: self._generate_examples(split) for split in SPLIT_FILES}
+
+  def _generate_examples(self, split: str):
+    for record in read_split(self.builder_config.manual_dir, split):
+      yield record['id'], record
+
+
+def load_builder(manual_dir: str, data_dir: str = '') -> Gsm8k:
+  """The prepared builder for the files in ``manual_dir``, generating it on first use.
+
+  Raises:
+    FileNotFoundError: ``manual_dir`` or one of its files is missing (one line).
+    ValueError: a malformed record (one line naming the file and line).
+  """
+  manual_dir = os.path.abspath(os.path.expanduser(manual_dir))
+  config = Gsm8kConfig(name=f'files_{files_digest(manual_dir)}', manual_dir=manual_dir,
+                       description=f'GSM8K from {manual_dir}')
+  root = arith.resolve_data_dir(data_dir)
+  builder = Gsm8k(config=config, data_dir=root, file_format='array_record')
+  if builder.is_prepared():
+    return builder
+  for split in SPLIT_FILES:   # check every record before TFDS writes anything
+    read_split(manual_dir, split)
+  os.makedirs(root, exist_ok=True)
+  with open(os.path.join(root, f'.gsm8k-{config.name}.lock'), 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)   # one writer when several processes start together
+    builder = Gsm8k(config=config, data_dir=root, file_format='array_record')
+    if not builder.is_prepared():
+      tfds.disable_progress_bar()
+      builder.download_and_prepare(
+          file_format='array_record',
+          download_config=tfds.download.DownloadConfig(try_download_gcs=False,
+                                                       manual_dir=manual_dir))
+  return builder
+
+
+def load_split(split: str, manual_dir: str, data_dir: str = ''):
+  """Random-access data source over one split (``'train'`` or ``'test'``); records as in the
+  module docstring (text as ``bytes`` or ``str``)."""
+  if split not in SPLIT_FILES:
+    raise ValueError(f"unknown split {split!r}; expected 'train' or 'test'")
+  return load_builder(manual_dir, data_dir).as_data_source(split=split)

@@ -1,0 +1,101 @@
+"""configs/grpo_gsm8k_qwen2.py end to end on a tiny random Qwen2 checkpoint saved by transformers.
+
+The checkpoint directory is what a user downloads from the Hub, shrunk: config.json +
+model.safetensors from `Qwen2ForCausalLM(Qwen2Config(tiny)).save_pretrained`, and the Qwen2-style
+tokenizer files of tests/tokenizer_fixtures.py. The run goes through `python -m rft_jax.main`
+exactly as the recipe's docstring says, with the model fields and sizes overridden on the
+command line.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rft_jax.data import pipeline
+from rft_jax.tokenizer import load_tokenizer
+import tokenizer_fixtures as fx
+
+RECIPE = 'configs/grpo_gsm8k_qwen2.py'
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY = dict(vocab_size=448, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=10000.0,
+            rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=512)
+
+QUESTIONS = [('Natalia sold 48 clips in April and half as many in May. How many in all?', '72'),
+             ('Weng earns $12 an hour. How much for 50 minutes?', '10'),
+             ('How many clips did Natalia sell?', '1,234'),
+             ('She sold 5 and then 3. How many?', '8')]
+
+
+def write_gsm8k(directory):
+  os.makedirs(directory, exist_ok=True)
+  for name, rows in (('train.jsonl', QUESTIONS), ('test.jsonl', QUESTIONS[:2])):
+    with open(os.path.join(directory, name), 'w') as f:
+      for question, final in rows:
+        f.write(json.dumps({'question': question, 'answer': f'Some steps.\n#### {final}'}) + '\n')
+  return directory
+
+
+def write_tiny_qwen2(directory):
+  transformers = pytest.importorskip('transformers')
+  import torch
+  torch.manual_seed(0)
+  fields = {k: v for k, v in TINY.items() if k != 'head_dim'}
+  model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**fields))
+  model.save_pretrained(directory, safe_serialization=True)
+  fx.write_qwen2_tokenizer(directory)   # the tokenizer lives in the model dir, as on the Hub
+  return directory
+
+
+def run_main(*args, timeout=240):
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  return subprocess.run([sys.executable, '-m', 'rft_jax.main', *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_recipe_validates_and_names_missing_inputs(tmp_path):
+  bare = run_main('--config', RECIPE, '--validate_only')
+  assert bare.returncode == 2
+  assert bare.stderr.startswith('error: config.tokenizer.path')   # no model.path, no tokenizer
+  model_dir = str(tmp_path / 'qwen')
+  os.makedirs(model_dir)
+  with open(os.path.join(model_dir, 'config.json'), 'w') as f:
+    json.dump({'architectures': ['Qwen2ForCausalLM']}, f)
+  no_data = run_main('--config', RECIPE, f'--config.model.path={model_dir}', '--validate_only')
+  assert no_data.returncode == 2
+  assert no_data.stderr.startswith("error: config.task.manual_dir='': required for task gsm8k")
+
+
+def test_grpo_gsm8k_on_tiny_qwen2_checkpoint(tmp_path):
+  model_dir = write_tiny_qwen2(str(tmp_path / 'tiny-qwen2'))
+  manual_dir = write_gsm8k(str(tmp_path / 'gsm8k'))
+  tok = load_tokenizer(model_dir)
+  # The recipe's prompt (chat template + instruction) for the longest question sets P.
+  from configs import grpo_gsm8k_qwen2  # pylint: disable=g-import-not-at-top
+  task = grpo_gsm8k_qwen2.get_config('tiny').task
+  fmt = pipeline.PromptFormat(chat=task.chat_template, instruction=task.instruction)
+  prompt_len = max(len(tok.encode(fmt.render(q, tok))) for q, _ in QUESTIONS)
+  overrides = [f'--config.model.{k}={v}' for k, v in TINY.items()]
+  workdir = str(tmp_path / 'run')
+  result = run_main(
+      '--config', f'{RECIPE}:tiny', f'--config.model.path={model_dir}',
+      f'--config.task.manual_dir={manual_dir}', f'--config.task.data_dir={tmp_path / "tfds"}',
+      f'--config.task.max_prompt_len={prompt_len}', '--config.train.steps=2', *overrides,
+      '--workdir', workdir)
+  assert result.returncode == 0, result.stderr[-3000:]
+  with open(os.path.join(workdir, 'summary.json')) as f:
+    summary = json.load(f)
+  assert summary['steps'] == 2 and summary['recipe'] == 'grpo_gsm8k_qwen2_tiny'
+  assert 0.0 <= summary['final_greedy_acc'] <= 1.0   # scored by the gsm8k verifier
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  train = [r for r in records if r['kind'] == 'train']
+  assert [r['step'] for r in train] == [1, 2]
+  for r in train:   # both verifiers of the recipe scored every completion
+    assert 0.0 <= r['reward/gsm8k/mean'] <= 1.0
+    assert 0.0 <= r['reward/gsm8k_format/mean'] <= 1.0
+    assert r['reward/invalid_frac'] == 0.0
+  assert os.path.isdir(os.path.join(workdir, 'checkpoints', '2'))

@@ -1,0 +1,138 @@
+"""Inspect, export and convert checkpoints between Hugging Face directories and rft_jax.
+
+  python -m tools.checkpoint inspect DIR
+      DIR: a HF model dir (config.json + safetensors) or an orbax pytree dir (a params dir such
+      as rft_jax/assets/arith_base, or RUN/checkpoints/<step>/state). Prints family, config,
+      each tensor's shape and dtype, and the parameter count.
+  python -m tools.checkpoint export --config configs/X.py --workdir RUN --out DIR \
+      [--step N] [--dtype bfloat16|float32] [--max-shard-gb 2]
+      The params of RUN's latest (or --step) checkpoint as a HF dir that transformers and vLLM
+      load. With config.model.path set, the family, token ids and the tokenizer / generation
+      files of that source dir are carried over.
+  python -m tools.checkpoint convert HF_DIR --out DIR
+      A HF dir's params as an orbax params dir (for `init_from`, with model.path = HF_DIR).
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+
+# config.json fields carried from the source dir on export (the model fields are rewritten).
+_CARRIED_FIELDS = ('bos_token_id', 'eos_token_id', 'pad_token_id')
+
+
+def inspect(path: str) -> None:
+  from rft_jax.models import hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
+  if not os.path.isfile(os.path.join(path, hc.CONFIG)):
+    return _inspect_orbax(path)
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  hf = hc.read_config_json(path)
+  try:
+    cfg = hc.load_hf_config(path)
+    print(f'family: {hc.family(hf)}  loadable by rft_jax: yes')
+    print('config: ' + ', '.join(f'{k}={v}' for k, v in cfg.__dict__.items()))
+  except hc.HFCheckpointError as e:
+    print(f'loadable by rft_jax: no ({e})')
+  total, dtypes = 0, set()
+  files = hc.weight_map(path)
+  for name in sorted(files):
+    with safe_open(files[name], framework='np') as f:
+      sl = f.get_slice(name)
+      shape, dtype = sl.get_shape(), sl.get_dtype()
+    total += math.prod(shape)
+    dtypes.add(dtype)
+    print(f'  {name:60s} {str(shape):16s} {dtype}  ({os.path.basename(files[name])})')
+  print(f'{len(files)} tensors, {total:,} parameters, dtype on disk: {", ".join(sorted(dtypes))}')
+
+
+def _inspect_orbax(path: str) -> None:
+  import jax  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  if not os.path.isfile(os.path.join(path, '_CHECKPOINT_METADATA')):
+    raise SystemExit(f'error: {path} is neither a HF model dir (config.json) nor an orbax '
+                     'pytree dir (_CHECKPOINT_METADATA)')
+  with ocp.StandardCheckpointer() as ckptr:
+    tree = ckptr.metadata(os.path.abspath(path)).item_metadata
+  total = 0
+  for keys, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    total += math.prod(leaf.shape)
+    print(f'  {jax.tree_util.keystr(keys, simple=True, separator="."):60s} '
+          f'{str(tuple(leaf.shape)):16s} {leaf.dtype}')
+  print(f'orbax pytree: {total:,} numbers')
+
+
+def export(args) -> None:
+  from rft_jax import checkpoint, components, runs  # pylint: disable=g-import-not-at-top
+  from rft_jax.algorithms import train_state as ts  # pylint: disable=g-import-not-at-top
+  from rft_jax.models import hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
+  from tools.export_base import load_config  # pylint: disable=g-import-not-at-top
+  config = load_config(args.config)
+  c = components.build(config)
+  tx = ts.make_optimizer(config.optim)
+  shardings = runs.state_shardings(c, tx)
+  ckpt = checkpoint.Checkpointer(os.path.join(args.workdir, 'checkpoints'))
+  step = args.step if args.step is not None else ckpt.latest_step()
+  if step is None:
+    raise SystemExit(f'error: no checkpoint in {args.workdir}/checkpoints')
+  state, *_ = ckpt.restore(step, runs.init_state(c.params, tx, shardings), shardings)
+  source = config.model.get('path', '')
+  architecture, extra = None, {}
+  if source:
+    hf = hc.read_config_json(source)
+    architecture, extra = hc.family(hf), {k: hf[k] for k in _CARRIED_FIELDS if k in hf}
+  files = hc.save_hf(args.out, state.params, c.model_cfg, dtype=args.dtype,
+                     max_shard_bytes=int(args.max_shard_gb * 2**30), architecture=architecture,
+                     extra_config=extra)
+  if source:   # tokenizer and generation files, so the directory is complete for serving
+    for name in sorted(os.listdir(source)):
+      src = os.path.join(source, name)
+      if os.path.isfile(src) and name not in (hc.CONFIG, hc.INDEX) and not name.endswith(
+          ('.safetensors', '.bin', '.pt', '.pth')):
+        shutil.copy(src, os.path.join(args.out, name))
+        files.append(name)
+  print(f'wrote step {step} of {args.workdir} to {args.out}: {", ".join(files)}')
+
+
+def convert(args) -> None:
+  from rft_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  from rft_jax.models import functional, hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
+  from rft_jax.parallel import mesh as meshlib  # pylint: disable=g-import-not-at-top
+  cfg = hc.load_hf_config(args.hf_dir)
+  mesh = meshlib.make_mesh({'data': 1, 'fsdp': -1, 'tensor': 1})
+  _, abstract = functional.abstract_params(cfg)
+  params = hc.load_hf_params(args.hf_dir, cfg, meshlib.param_shardings(abstract, mesh))
+  checkpoint.save_params(args.out, params)
+  print(f'wrote {cfg.num_params():,} params of {args.hf_dir} to {args.out}; '
+        f'use init_from={json.dumps(args.out)} with model.path={json.dumps(args.hf_dir)}')
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  sub = ap.add_subparsers(dest='command', required=True)
+  p = sub.add_parser('inspect')
+  p.add_argument('dir')
+  p = sub.add_parser('export')
+  p.add_argument('--config', required=True)
+  p.add_argument('--workdir', required=True)
+  p.add_argument('--out', required=True)
+  p.add_argument('--step', type=int, default=None)
+  p.add_argument('--dtype', choices=('bfloat16', 'float32'), default=None,
+                 help='dtype on disk (default: the model compute dtype)')
+  p.add_argument('--max-shard-gb', type=float, default=2.0)
+  p = sub.add_parser('convert')
+  p.add_argument('hf_dir')
+  p.add_argument('--out', required=True)
+  args = ap.parse_args()
+  from rft_jax.models.hf_checkpoint import HFCheckpointError  # pylint: disable=g-import-not-at-top
+  try:
+    if args.command == 'inspect':
+      inspect(args.dir)
+    else:
+      (export if args.command == 'export' else convert)(args)
+  except HFCheckpointError as e:
+    raise SystemExit(f'error: {e}') from None
+
+
+if __name__ == '__main__':
+  main()
