@@ -7,17 +7,21 @@ Sequence layout. A rollout row is the left-padded prompt (P slots) followed by t
   prepare_batch(params, ref_params, rollout, rewards_b, valid_b) -> batch, metrics
       old_logp_bl (trainer's log-probs at the sampling params), ref_logp_bl, adv_b, loss_mask_bl
   train_step(state, batch) -> state, metrics
-      loss = agg(ppo_clip(logp, old_logp, adv)) + kl_coef * agg(kl(logp, ref_logp))
+      loss = agg(pg_loss(logp, old_logp, adv)) + kl_coef * agg(kl(logp, ref_logp))
+             - entropy_coef * agg(entropy)
+  With algo.kl_in_reward the KL is instead subtracted from each sequence's reward before the
+  advantages: r_i <- r_i - kl_coef * sum_t kl(old_logp_it, ref_logp_it), and the loss has no KL.
 """
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
-from rft_jax.algorithms import registry
+from rft_jax.algorithms import corrections, registry
 from rft_jax.algorithms.advantages import group_stats
 from rft_jax.algorithms import train_state as ts
-from rft_jax.algorithms.losses import kl_penalty
+from rft_jax.algorithms.losses import kl_penalty, token_mean
 from rft_jax.models import functional as lm
 from rft_jax.sampling.sampler import Rollout
 from rft_jax.telemetry.metrics import masked_mean, rollout_metrics, token_entropy
@@ -36,6 +40,18 @@ class GRPOConfig:
   microbatches: int = 1
   group_size: int = 2
   use_reference: bool = False   # compute reference log-probs (always on when kl_coef > 0)
+  clip_eps_low: float | None = None    # None = clip_eps (DAPO clip-higher: 0.2 / 0.28)
+  clip_eps_high: float | None = None
+  clip_c: float = 0.0           # dual-clip constant c > 1 (Ye et al. 2020); 0 = off
+  entropy_coef: float = 0.0     # entropy bonus: loss -= entropy_coef * agg(entropy)
+  kl_in_reward: bool = False    # KL penalty in the reward (per sequence) instead of the loss
+  max_len: int = 0              # seq_mean_token_sum_norm's constant; from_config: max_new_tokens
+  score_chunks: int = 0         # row chunks of the scoring forward passes; 0 = microbatches
+  overlong: str = 'none'        # 'none' | 'mask' | 'soft' (DAPO; see corrections.py)
+  overlong_cache: int = 0       # soft punishment's Lcache; from_config: 0 -> max(1, max_len // 5)
+  tis_cap: float = 0.0          # truncated importance sampling cap C; 0 = off (corrections.py)
+  dynamic_sampling: bool = False   # host-side (rft_jax/rollouts.py): drop zero-spread groups
+  max_sampling_rounds: int = 4     # ... and refill from at most this many prompt batches
 
   def __post_init__(self):
     if self.kl_coef > 0:
@@ -47,7 +63,14 @@ class GRPOConfig:
     kl_coef = 0 (so a KL term can be switched on at run time, e.g. by the monitor)."""
     fields = {f.name for f in dataclasses.fields(cls)}
     d = {k: v for k, v in dict(config.algo).items() if k in fields}
+    d['max_len'] = d.get('max_len') or config.rollout.max_new_tokens
+    d['overlong_cache'] = d.get('overlong_cache') or max(1, config.rollout.max_new_tokens // 5)
     return cls(group_size=config.rollout.group_size, use_reference=use_reference, **d)
+
+  def loss_options(self) -> dict:
+    """Keyword options every registered policy loss accepts (see losses.py)."""
+    return dict(clip_eps=self.clip_eps, clip_eps_low=self.clip_eps_low,
+                clip_eps_high=self.clip_eps_high, clip_c=self.clip_c)
 
 
 def sequence_logprobs(graphdef, params, tokens_bs, mask_bs):
@@ -56,6 +79,23 @@ def sequence_logprobs(graphdef, params, tokens_bs, mask_bs):
   logp_blv = jax.nn.log_softmax(logits, axis=-1)
   logp_bl = jnp.take_along_axis(logp_blv, tokens_bs[:, 1:, None], axis=-1)[..., 0]
   return logp_bl, token_entropy(logits)
+
+
+def score_logprobs(graphdef, params, tokens_bs, mask_bs, chunks: int = 1):
+  """The log-probs of sequence_logprobs -> [B, L], computed `chunks` row chunks at a time.
+
+  Only [B / chunks, L, V] logits exist at once (a lax.map over chunks), so a real vocabulary fits
+  (152k x 128 rows x 900 positions would be ~70 GB in one pass). Chunk c holds rows c, c + n,
+  c + 2n, ... (n = chunks): with rows sharded over the data axis, every chunk spans every shard.
+  Each row is scored on its own, so the values equal the single pass (chunks = 1).
+  """
+  if chunks <= 1:
+    return sequence_logprobs(graphdef, params, tokens_bs, mask_bs)[0]
+  b = tokens_bs.shape[0]
+  split = lambda x: x.reshape(b // chunks, chunks, *x.shape[1:]).swapaxes(0, 1)
+  logp_nbl = jax.lax.map(lambda tm: sequence_logprobs(graphdef, params, *tm)[0],
+                         (split(tokens_bs), split(mask_bs)))
+  return logp_nbl.swapaxes(0, 1).reshape(b, -1)
 
 
 def rollout_sequences(rollout: Rollout):
@@ -73,66 +113,119 @@ def prepare_batch(params, ref_params, rollout: Rollout, rewards_b, valid_b, *, g
                   algo: GRPOConfig):
   """Scores a rollout with the trainer: old and reference log-probs, advantages, metrics.
 
-  Rows with invalid rewards (valid_b False) are dropped from the loss by zeroing their mask.
-  Without algo.use_reference (kl_coef == 0) the reference forward pass is skipped entirely.
+  Rows with invalid rewards (valid_b False) are dropped from the loss by zeroing their mask, and
+  with algo.overlong == 'mask' so are truncated rows. Without algo.use_reference (kl_coef == 0)
+  the reference forward pass is skipped entirely. Forward passes run in algo.score_chunks row
+  chunks (0 = algo.microbatches; see score_logprobs). With algo.tis_cap the batch also holds
+  'tis_weight' [B, L] (corrections.tis_weights); metrics hold the sampler/trainer mismatch.
   Also returns the exact invariants the monitor checks: the largest |mean advantage| of a group
   (0 for group-normalised estimators) and the number of loss tokens on prompt positions (0).
   """
   tokens_bs, mask_bs, loss_mask_bl, sampler_logp_bl = rollout_sequences(rollout)
   loss_mask_bl = loss_mask_bl * valid_b[:, None]
-  old_logp_bl, _ = sequence_logprobs(graphdef, params, tokens_bs, mask_bs)
+  if algo.overlong == 'mask':
+    loss_mask_bl = corrections.overlong_loss_mask(loss_mask_bl, rollout.truncated_b)
+  chunks = algo.score_chunks or algo.microbatches
+  old_logp_bl = score_logprobs(graphdef, params, tokens_bs, mask_bs, chunks)
   old_logp_bl = jax.lax.stop_gradient(old_logp_bl)
   if algo.use_reference:
-    ref_logp_bl, _ = sequence_logprobs(graphdef, ref_params, tokens_bs, mask_bs)
+    ref_logp_bl = score_logprobs(graphdef, ref_params, tokens_bs, mask_bs, chunks)
   else:
     ref_logp_bl = old_logp_bl
-  adv_b = registry.get_advantage(algo.advantage)(rewards_b, valid_b, algo.group_size)
+  estimator = registry.get_advantage(algo.advantage)
+  metrics = {}
+  adv_rewards_b = rewards_b
+  if algo.kl_in_reward and algo.use_reference and algo.kl_coef:
+    kl_b = (kl_penalty(old_logp_bl, ref_logp_bl, algo.kl_estimator) * loss_mask_bl).sum(-1)
+    adv_rewards_b = rewards_b - algo.kl_coef * kl_b
+    metrics['kl_reward/seq_kl'] = masked_mean(kl_b, valid_b)
+    metrics['kl_reward/penalty'] = algo.kl_coef * metrics['kl_reward/seq_kl']
+  adv_b = estimator(adv_rewards_b, valid_b, algo.group_size)
   batch = {'tokens': tokens_bs, 'mask': mask_bs, 'loss_mask': loss_mask_bl,
            'old_logp': old_logp_bl, 'ref_logp': ref_logp_bl, 'adv': adv_b}
-  metrics = rollout_metrics(rewards_b, valid_b, rollout.mask_bt, rollout.truncated_b,
-                            algo.group_size)
+  metrics.update(rollout_metrics(rewards_b, valid_b, rollout.mask_bt, rollout.truncated_b,
+                                 algo.group_size))
   metrics['adv/mean'] = masked_mean(adv_b, valid_b)
   metrics['adv/abs_mean'] = masked_mean(jnp.abs(adv_b), valid_b)
   metrics['adv/std'] = jnp.sqrt(masked_mean((adv_b - metrics['adv/mean']) ** 2, valid_b))
   metrics['adv/pos_frac'] = masked_mean((adv_b > 0).astype(jnp.float32), valid_b)
   metrics['adv/neg_frac'] = masked_mean((adv_b < 0).astype(jnp.float32), valid_b)
-  adv_mean_g, _, _ = group_stats(adv_b, valid_b, algo.group_size)
-  metrics['invariant/group_adv_mean_max'] = jnp.max(jnp.abs(adv_mean_g))
+  if estimator.zero_group_mean:   # e.g. not reinforce_pp (batch baseline): no invariant to check
+    adv_mean_g, _, _ = group_stats(adv_b, valid_b, algo.group_size)
+    metrics['invariant/group_adv_mean_max'] = jnp.max(jnp.abs(adv_mean_g))
   p = rollout.prompt_tokens_bp.shape[1]
   metrics['invariant/prompt_loss_tokens'] = loss_mask_bl[:, :p - 1].sum()
   # Sampler/trainer mismatch: same params, so only numerics and sampling temperature differ.
-  metrics['mismatch/logp_abs_diff'] = masked_mean(jnp.abs(old_logp_bl - sampler_logp_bl),
-                                                  loss_mask_bl)
+  metrics.update(corrections.mismatch_metrics(old_logp_bl, sampler_logp_bl, loss_mask_bl,
+                                              algo.tis_cap))
+  if algo.tis_cap:
+    batch['tis_weight'] = corrections.tis_weights(old_logp_bl, sampler_logp_bl, loss_mask_bl,
+                                                  algo.tis_cap)
   return batch, metrics
+
+
+# Diagnostics reported as token means whatever algo.loss_agg is (the monitor's signals keep one
+# meaning across recipes); 'loss' and 'pg_loss' are in the loss's own aggregation.
+TOKEN_MEAN_METRICS = ('kl', 'kl/k1', 'kl/k3', 'ppo_kl', 'ratio/abs_dev', 'entropy',
+                      'clip_frac/low', 'clip_frac/high', 'clip_frac/dual', 'ratio/mean')
 
 
 def loss_fn(params, mb, *, graphdef, algo: GRPOConfig, kl_coef=None):
   """Micro-batch loss as (sum, (count, metric sums)); see train_state.accumulate_grads.
 
-  kl_coef (a traced scalar, default algo.kl_coef) weights the KL term when algo.use_reference.
+  kl_coef (a traced scalar, default algo.kl_coef) weights the KL term when algo.use_reference
+  (and not algo.kl_in_reward). (sum, count) come from algo.loss_agg. The TOKEN_MEAN_METRICS are
+  token sums; for an aggregation other than token_mean (whose count is not the token count) the
+  sums also hold 'count/tokens', and train_step turns those sums into exact token means.
   """
   logp_bl, entropy_bl = sequence_logprobs(graphdef, params, mb['tokens'], mb['mask'])
   mask_bl = mb['loss_mask']
   pg_bl, stats = registry.get_loss(algo.loss)(logp_bl, mb['old_logp'], mb['adv'], mask_bl,
-                                              clip_eps=algo.clip_eps)
+                                              **algo.loss_options())
+  if algo.tis_cap:   # truncated importance sampling: w_t * pg_t (corrections.py)
+    pg_bl = pg_bl * mb['tis_weight']
   kl_bl = kl_penalty(logp_bl, mb['ref_logp'], algo.kl_estimator)
   kl_coef = algo.kl_coef if kl_coef is None else kl_coef
-  loss_bl = pg_bl + kl_coef * kl_bl if algo.use_reference else pg_bl
-  agg = registry.get_loss_agg(algo.loss_agg)
+  loss_bl = pg_bl + kl_coef * kl_bl if algo.use_reference and not algo.kl_in_reward else pg_bl
+  if algo.entropy_coef:
+    loss_bl = loss_bl - algo.entropy_coef * entropy_bl
+  agg = functools.partial(registry.get_loss_agg(algo.loss_agg), norm_len=algo.max_len)
+  tok = token_mean
   loss_sum, count = agg(loss_bl, mask_bl)
   sg = jax.lax.stop_gradient
   sums = {'loss': sg(loss_sum), 'pg_loss': sg(agg(pg_bl, mask_bl)[0]),
-          'kl': sg(agg(kl_bl, mask_bl)[0]),
-          'kl/k1': sg(agg(kl_penalty(logp_bl, mb['ref_logp'], 'k1'), mask_bl)[0]),
-          'kl/k3': sg(agg(kl_penalty(logp_bl, mb['ref_logp'], 'k3'), mask_bl)[0]),
+          'kl': sg(tok(kl_bl, mask_bl)[0]),
+          'kl/k1': sg(tok(kl_penalty(logp_bl, mb['ref_logp'], 'k1'), mask_bl)[0]),
+          'kl/k3': sg(tok(kl_penalty(logp_bl, mb['ref_logp'], 'k3'), mask_bl)[0]),
           # verl's ppo_kl: k1 estimate of KL(old || current) on the sampled tokens.
-          'ppo_kl': sg(agg(mb['old_logp'] - logp_bl, mask_bl)[0]),
-          'ratio/abs_dev': sg(agg(jnp.abs(stats['ratio'] - 1.0), mask_bl)[0]),
-          'entropy': sg(agg(entropy_bl, mask_bl)[0]),
-          'clip_frac/low': agg(stats['clip_low'], mask_bl)[0],
-          'clip_frac/high': agg(stats['clip_high'], mask_bl)[0],
-          'ratio/mean': sg(agg(stats['ratio'], mask_bl)[0])}
+          'ppo_kl': sg(tok(mb['old_logp'] - logp_bl, mask_bl)[0]),
+          'ratio/abs_dev': sg(tok(jnp.abs(stats['ratio'] - 1.0), mask_bl)[0]),
+          'entropy': sg(tok(entropy_bl, mask_bl)[0]),
+          'clip_frac/low': tok(stats['clip_low'], mask_bl)[0],
+          'clip_frac/high': tok(stats['clip_high'], mask_bl)[0],
+          'ratio/mean': sg(tok(stats['ratio'], mask_bl)[0])}
+  if 'clip_dual' in stats:
+    sums['clip_frac/dual'] = tok(stats['clip_dual'], mask_bl)[0]
+  if algo.loss_agg != 'token_mean':
+    sums['count/tokens'] = tok(jnp.ones_like(mask_bl), mask_bl)[0]
   return loss_sum, (count, sums)
+
+
+def token_means(metrics: dict) -> dict:
+  """Accumulated metrics (sums / global count) -> TOKEN_MEAN_METRICS as exact token means.
+
+  With 'count/tokens' present each such metric is (S_k / C) / (T / C) = S_k / T: the global
+  token mean, whatever the loss aggregation's count C. Without it (token_mean) C = T already.
+  """
+  if 'count/tokens' not in metrics:
+    return metrics
+  metrics = dict(metrics)
+  per = metrics.pop('count/tokens')
+  safe = jnp.where(per > 0, per, 1.0)
+  for k in TOKEN_MEAN_METRICS:
+    if k in metrics:
+      metrics[k] = metrics[k] / safe
+  return metrics
 
 
 def train_step(state: ts.TrainState, batch: dict, *, graphdef, algo: GRPOConfig, tx, schedule):
@@ -141,6 +234,7 @@ def train_step(state: ts.TrainState, batch: dict, *, graphdef, algo: GRPOConfig,
   grads, metrics = ts.accumulate_grads(
       lambda p, mb: loss_fn(p, mb, graphdef=graphdef, algo=algo, kl_coef=kl_coef), state.params,
       batch, algo.microbatches)
+  metrics = token_means(metrics)
   metrics['kl_coef'] = kl_coef
   state, opt_stats = ts.apply_gradients(state, grads, tx, schedule)
   metrics['clip_frac'] = metrics['clip_frac/low'] + metrics['clip_frac/high']

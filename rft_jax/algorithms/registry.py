@@ -19,8 +19,17 @@ def _register(table: dict, kind: str, name: str):
   return wrap
 
 
-def register_advantage(name: str):
-  return _register(ADVANTAGES, 'advantage estimator', name)
+def register_advantage(name: str, *, min_group_size: int = 2, zero_group_mean: bool = True):
+  """Registers an estimator `(rewards_b, valid_b, group_size, **options) -> adv_b`.
+
+  min_group_size: the smallest rollout.group_size it is meaningful for (2: a group baseline).
+  zero_group_mean: every group's advantages sum to 0 (then prepare_batch reports the monitor's
+  'invariant/group_adv_mean_max'; otherwise that key is left out, as it does not apply).
+  """
+  def wrap(fn):
+    fn.min_group_size, fn.zero_group_mean = min_group_size, zero_group_mean
+    return _register(ADVANTAGES, 'advantage estimator', name)(fn)
+  return wrap
 
 
 def register_loss(name: str):
