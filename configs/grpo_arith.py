@@ -44,6 +44,7 @@ def get_config(arg: str = ''):
   # timed out) stops the run, naming the verifier and an input; below it, those samples are
   # left out of the loss and counted in telemetry.
   config.rewards.max_invalid_frac = 0.5
+  config.rewards.memory_mb = 1024   # per reward worker, beyond its start-up size; 0 = no limit
 
   # Algorithm: registry entries by name (rft_jax/algorithms/).
   config.algo = ml_collections.ConfigDict()
@@ -71,6 +72,9 @@ def get_config(arg: str = ''):
   config.train.eval_every = 50
   config.train.ckpt_every = 25
   config.train.keep_checkpoints = 2
+  # A checkpoint that cannot be written (full disk) stops the run unless at least this many
+  # good ones exist; then training goes on and the failure is reported.
+  config.train.min_good_checkpoints = 1
 
   config.eval = ml_collections.ConfigDict()
   config.eval.num_prompts = 256     # held-out test split

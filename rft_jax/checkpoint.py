@@ -9,9 +9,11 @@ The sampling RNG is derived as fold_in(key(seed), step), so (seed, step) restore
 
 Crash safety. Orbax writes a checkpoint into a temporary directory and renames it into place when
 complete. After that, `save` writes `rft_manifest.json`: the size and CRC-32 of every file. When a
-Checkpointer opens a directory it verifies every checkpoint against its manifest; one with no
-manifest (the process died between the rename and the manifest), a missing, truncated or altered
-file, is moved to `<dir>.quarantine/<step>` and reported, never loaded. Old checkpoints are
+Checkpointer opens a directory it verifies every checkpoint against its manifest; one with a
+missing, truncated or altered file is moved to `<dir>.quarantine/<step>` and reported, never
+loaded. One without a manifest (older rft_jax, or the process died between orbax's rename and the
+manifest) is complete per orbax and used, reported as unverified; if restoring it fails, the
+caller quarantines it and falls back to the previous one (rft_jax/runs.py). Old checkpoints are
 deleted by renaming them to `<step>.deleting` first, so a deletion cut short is never mistaken
 for a checkpoint. Retention (`keep`) counts verified checkpoints only: an older one is removed
 only after a newer one is verified.
@@ -77,7 +79,7 @@ def verify(step_dir: str) -> str | None:
     with open(os.path.join(step_dir, MANIFEST)) as f:
       expected = json.load(f)['files']
   except FileNotFoundError:
-    return 'no manifest (the write was interrupted)'
+    return 'no manifest'
   except (ValueError, KeyError) as e:
     return f'unreadable manifest ({e})'
   for rel, (size, crc) in sorted(expected.items()):
@@ -124,14 +126,26 @@ class Checkpointer:
       if d.endswith('.deleting') and self._primary:
         shutil.rmtree(os.path.join(self.directory, d), ignore_errors=True)
     for step in _steps_on_disk(self.directory):
-      problem = verify(os.path.join(self.directory, str(step)))
-      if problem is None:
+      step_dir = os.path.join(self.directory, str(step))
+      if not os.path.exists(os.path.join(step_dir, MANIFEST)):
+        # Orbax renamed it into place, so it is complete; it only cannot be checked (written by
+        # an rft_jax without manifests, or the process died just before the manifest).
+        self.problems.append(f'checkpoint {step} has no manifest: complete per orbax but not '
+                             'verified')
         continue
-      quarantine = os.path.join(self.directory + '.quarantine', f'{step}-{int(time.time())}')
-      self.problems.append(f'checkpoint {step} is unusable ({problem}); moved to {quarantine}')
-      if self._primary:
-        os.makedirs(os.path.dirname(quarantine), exist_ok=True)
-        os.replace(os.path.join(self.directory, str(step)), quarantine)
+      problem = verify(step_dir)
+      if problem is not None:
+        self.quarantine(step, problem)
+
+  def quarantine(self, step: int, problem: str) -> None:
+    """Moves checkpoint `step` to <dir>.quarantine/ (kept for inspection, never loaded)."""
+    quarantine = os.path.join(self.directory + '.quarantine', f'{step}-{int(time.time())}')
+    self.problems.append(f'checkpoint {step} is unusable ({problem}); moved to {quarantine}')
+    if self._primary:
+      os.makedirs(os.path.dirname(quarantine), exist_ok=True)
+      os.replace(os.path.join(self.directory, str(step)), quarantine)
+    if hasattr(self, '_manager'):
+      self._manager.reload()
 
   def latest_step(self) -> int | None:
     steps = self.all_steps()

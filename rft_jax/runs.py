@@ -120,11 +120,19 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
   shardings = state_shardings(c, tx, controls, monitor)
   state = init_state(c.params, tx, shardings, controls, monitor)
   ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'), keep=config.train.keep_checkpoints)
-  meta, start, reference = {}, ckpt.latest_step() or 0, None
-  if start:
-    state, data_state, meta, reference = ckpt.restore(
-        start, state, shardings, like_reference=c.params, reference_shardings=c.param_shardings)
+  meta, start, reference = {}, 0, None
+  while ckpt.latest_step():   # newest first; one that fails to restore is set aside
+    start = ckpt.latest_step()
+    try:
+      state, data_state, meta, reference = ckpt.restore(
+          start, state, shardings, like_reference=c.params,
+          reference_shardings=c.param_shardings)
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      ckpt.quarantine(start, f'restore failed: {type(e).__name__}: {str(e).splitlines()[0]}')
+      meta, start = {}, 0
+      continue
     data_it.set_state(data_state)
+    break
   hooks = sinks.make_sinks(workdir, console=config.telemetry.console,
                            jsonl=config.telemetry.jsonl, tensorboard=config.telemetry.tensorboard,
                            total_steps=config.train.steps, resume_step=start,

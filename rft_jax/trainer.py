@@ -114,10 +114,12 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
         f'data*fsdp={meshlib.batch_divisor(c.mesh)} times algo.microbatches={algo.microbatches}')
   tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
   ref_params = jax.tree.map(jnp.copy, c.params) if algo.use_reference else None
+  skipped = (pipeline.BadRecords(f'{config.task.name} train split')
+             if config.task.get('bad_records', 'error') == 'skip' else None)
   data_it = pipeline.prompt_batches(
       c.train_source, c.tokenizer, max_prompt_len=config.task.max_prompt_len,
       batch_size=config.rollout.prompts_per_step, seed=config.seed,
-      shard_index=jax.process_index(), shard_count=jax.process_count())
+      shard_index=jax.process_index(), shard_count=jax.process_count(), bad_records=skipped)
   controls0 = Controls(kl_coef=algo.kl_coef, temperature=config.rollout.temperature)
   opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra,
                          controls=device_controls(controls0, config, 1),
@@ -170,7 +172,10 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       try:
         prompts = next(data_it)
       except ValueError as e:   # a malformed record: the pipeline names it
-        raise TrainingError(f'bad input data at step {step}: {e}') from None
+        raise TrainingError(f'bad input data at step {step}: {e} (config.task.bad_records='
+                            "'skip' skips such records)") from None
+      for reason in skipped.drain() if skipped is not None else ():
+        hooks.on_message(f'skipped a bad record: {reason}')
       rollout = sampler(remediator.controls.temperature)(
           state.params, prompts['prompt_tokens'], prompts['prompt_mask'],
           step_rng(config.seed, step))
@@ -197,6 +202,8 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       t3 = time.time()
       gen_tokens = float(np.asarray(rollout.mask_bt).sum())
       metrics.update(completion_diversity(rollout.tokens_bt, rollout.mask_bt))
+      if skipped is not None:
+        metrics['data/skipped_records'] = float(skipped.total)   # in this invocation
       metrics.update({'time/step_s': t3 - t0, 'time/sample_s': t1 - t0,
                       'time/reward_s': t2 - t1, 'time/train_s': t3 - t2,
                       'throughput/tokens_per_s': gen_tokens / max(t3 - t0, 1e-9)})

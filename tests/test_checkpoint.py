@@ -4,6 +4,7 @@ import os
 import shutil
 
 import jax
+import ml_collections
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -141,7 +142,7 @@ def _largest_file(step_dir):
   return max(files, key=os.path.getsize)
 
 
-@pytest.mark.parametrize('damage', ['truncate', 'flip_byte', 'no_manifest', 'delete_file'])
+@pytest.mark.parametrize('damage', ['truncate', 'flip_byte', 'delete_file'])
 def test_a_damaged_checkpoint_is_quarantined_and_the_previous_one_used(tmp_path, damage):
   d = str(tmp_path / 'ckpts')
   states = _save_steps(d, [1, 2])
@@ -156,8 +157,6 @@ def test_a_damaged_checkpoint_is_quarantined_and_the_previous_one_used(tmp_path,
       b = f.read(1)
       f.seek(-1, os.SEEK_CUR)
       f.write(bytes([b[0] ^ 0xFF]))
-  elif damage == 'no_manifest':
-    os.remove(os.path.join(step_dir, checkpoint.MANIFEST))
   else:
     os.remove(victim)
   ckpt = Checkpointer(d, keep=3)
@@ -171,6 +170,18 @@ def test_a_damaged_checkpoint_is_quarantined_and_the_previous_one_used(tmp_path,
   # The run goes on: step 2 can be written again.
   ckpt.save(2, states[2], {'step': 2}, {})
   assert ckpt.all_steps() == [1, 2]
+  ckpt.close()
+
+
+def test_a_checkpoint_without_manifest_is_used_and_reported_unverified(tmp_path):
+  d = str(tmp_path / 'ckpts')
+  states = _save_steps(d, [1, 2])
+  os.remove(os.path.join(d, '2', checkpoint.MANIFEST))
+  ckpt = Checkpointer(d, keep=3)
+  assert ckpt.all_steps() == [1, 2]
+  assert ckpt.problems == ['checkpoint 2 has no manifest: complete per orbax but not verified']
+  restored, _, _, _ = ckpt.restore(2, states[1])
+  assert_trees_equal(restored, states[2])
   ckpt.close()
 
 
@@ -229,3 +240,35 @@ def test_a_reset_reference_round_trips(tmp_path):
   assert meta1 == {'a': 1} and meta2 == {'a': 2}
   assert_trees_equal(ref1, ref)
   assert ref2 is None
+
+
+class _Messages:
+  def __init__(self):
+    self.lines = []
+
+  def on_message(self, text):
+    self.lines.append(text)
+
+
+def test_failed_save_policy_goes_on_with_a_good_checkpoint_else_stops(tmp_path, monkeypatch):
+  from rft_jax import runs  # pylint: disable=g-import-not-at-top
+  config = ml_collections.ConfigDict({'train': {'min_good_checkpoints': 1}})
+  ckpt = Checkpointer(str(tmp_path / 'ckpts'), keep=2)
+  hooks = _Messages()
+  usage = shutil.disk_usage(str(tmp_path))
+  full = lambda p: usage._replace(free=0)
+  # No good checkpoint yet and the disk is full: the run must stop, saying why.
+  monkeypatch.setattr(checkpoint.shutil, 'disk_usage', full)
+  with pytest.raises(runs.TrainingError, match=r'checkpoint at step 1 not saved: .*only 0 good '
+                     r'checkpoint\(s\).*min_good_checkpoints=1'):
+    runs.save_checkpoint(config, ckpt, 1, make_state(1, steps=1), {}, {}, hooks)
+  monkeypatch.setattr(checkpoint.shutil, 'disk_usage', lambda p: usage)
+  assert runs.save_checkpoint(config, ckpt, 2, make_state(2, steps=2), {}, {}, hooks)
+  # One good checkpoint: a failed save is reported and training goes on.
+  monkeypatch.setattr(checkpoint.shutil, 'disk_usage', full)
+  assert not runs.save_checkpoint(config, ckpt, 3, make_state(3, steps=3), {}, {}, hooks)
+  assert len(hooks.lines) == 1
+  assert hooks.lines[0].startswith('checkpoint at step 3 NOT saved: 0 MiB free')
+  assert hooks.lines[0].endswith('training goes on with 1 good checkpoint(s), the latest at step 2')
+  assert ckpt.all_steps() == [2]
+  ckpt.close()

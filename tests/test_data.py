@@ -231,3 +231,50 @@ def test_too_long_prompt_and_answer_raise(tok):
                             batch_size=1, seed=0)
   with pytest.raises(ValueError, match=r'id=7.*3 tokens.*answer_len=2'):
     next(it)
+
+
+def _mixed_source():
+  good = [{'id': i, 'prompt': f'{i}+1=', 'answer': str(i + 1)} for i in range(10)]
+  bad = [{'id': 100, 'prompt': '1+1='},                          # no answer
+         {'id': 101, 'prompt': '   ', 'answer': '0'},             # empty prompt
+         {'id': 102, 'prompt': '12345+67890=', 'answer': '0'},    # too long for P=8
+         {'id': 'x', 'prompt': '1+2=', 'answer': '3'}]            # id not an integer
+  return good[:3] + bad[:2] + good[3:6] + bad[2:] + good[6:]
+
+
+def test_bad_records_raise_naming_them_by_default(tok):
+  with pytest.raises(ValueError, match=r"record id=100: missing field 'answer'"):
+    pipeline.normalize_record({'id': 100, 'prompt': '1+1='})
+  with pytest.raises(ValueError, match='record id=101: empty prompt'):
+    pipeline.normalize_record({'id': 101, 'prompt': ' ', 'answer': '0'})
+  it = pipeline.prompt_batches(_mixed_source(), tok, max_prompt_len=8, batch_size=14, seed=0,
+                               shuffle=False)
+  with pytest.raises(ValueError, match='record id='):
+    next(it)
+
+
+def test_bad_records_skipped_and_reported_when_asked(tok):
+  bad = pipeline.BadRecords('arith train split')
+  it = pipeline.prompt_batches(_mixed_source(), tok, max_prompt_len=8, batch_size=5, seed=0,
+                               shuffle=False, num_epochs=1, bad_records=bad)
+  batches = list(it)
+  ids = [int(i) for b in batches for i in b['id']]
+  assert ids == list(range(10))                      # every good record, in order, none bad
+  assert bad.total == 4
+  reasons = bad.drain()
+  assert len(reasons) == 4 and bad.drain() == []
+  assert all(r.startswith('arith train split: record id=') for r in reasons)
+  assert any("id=100: missing field 'answer'" in r for r in reasons)
+  assert any('id=102' in r and 'max_prompt_len=8' in r for r in reasons)
+
+
+def test_skipping_pipeline_resumes_exactly(tok):
+  make = lambda: pipeline.prompt_batches(_mixed_source() * 3, tok, max_prompt_len=8,
+                                         batch_size=3, seed=1, bad_records=pipeline.BadRecords())
+  it = make()
+  next(it), next(it)
+  state = it.get_state()
+  want = [next(it)['id'].tolist() for _ in range(3)]
+  again = make()
+  again.set_state(state)
+  assert [next(again)['id'].tolist() for _ in range(3)] == want

@@ -2,6 +2,7 @@
 same command then resumes and finishes with the metrics of an uninterrupted run."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -59,3 +60,30 @@ def test_sigterm_checkpoints_exits_75_and_resumes_exactly(tmp_path):
     for key in ('reward/mean', 'loss', 'kl', 'entropy', 'grad_norm'):
       np.testing.assert_allclose(a[step][key], b[step][key], rtol=1e-6, atol=1e-8,
                                  err_msg=f'{key} at step {step}')
+
+
+def test_sigterm_to_one_process_stops_all_after_the_same_step(tmp_path):
+  """Multi-process (jax.distributed on CPU, 2 processes): only process 1 gets SIGTERM; both
+  leave their loop after the same step."""
+  sock = socket.socket()
+  sock.bind(('localhost', 0))
+  port = sock.getsockname()[1]
+  sock.close()
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
+  script = os.path.join(REPO, 'tests', 'multiprocess_stop_check.py')
+  outs = [str(tmp_path / f'p{i}') for i in range(2)]
+  procs = [subprocess.Popen([sys.executable, script, str(i), str(port), outs[i]], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  deadline = time.time() + 120
+  while time.time() < deadline and not all(os.path.exists(o) for o in outs):
+    assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+    time.sleep(0.1)
+  time.sleep(0.5)
+  procs[1].send_signal(signal.SIGTERM)
+  results = [p.communicate(timeout=60) for p in procs]
+  assert [p.returncode for p in procs] == [75, 75], results
+  lines = [out.strip().splitlines()[-1] for out, _ in results]
+  step = lambda line: int(line.split()[3].rstrip(':'))
+  assert step(lines[0]) == step(lines[1]), lines
+  assert lines[0].endswith('stop on another process') and lines[1].endswith('SIGTERM'), lines

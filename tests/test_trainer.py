@@ -144,3 +144,24 @@ def test_a_verifier_hanging_on_5_percent_of_samples_costs_only_those_samples(tmp
   assert gain(healthy) > 0.5 and gain(hanging) > 0.5, (gain(healthy), gain(hanging))
   assert abs(gain(hanging) - gain(healthy)) < 0.5 * gain(healthy), (gain(healthy),
                                                                      gain(hanging))
+
+
+def test_resume_skips_a_checkpoint_that_fails_to_restore(tmp_path):
+  """The newest checkpoint has lost its manifest *and* a file is truncated: restoring it fails,
+  so it is quarantined, the run resumes from the one before and says so."""
+  workdir = str(tmp_path)
+  trainer.run(tiny_config(**{'train.steps': 4, 'train.ckpt_every': 2}), workdir)
+  step_dir = os.path.join(workdir, 'checkpoints', '4')
+  os.remove(os.path.join(step_dir, 'rft_manifest.json'))
+  files = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(step_dir, 'state'))
+           for f in fs]
+  victim = max(files, key=os.path.getsize)
+  with open(victim, 'r+b') as f:
+    f.truncate(os.path.getsize(victim) // 3)
+  trainer.run(tiny_config(**{'train.steps': 6, 'train.ckpt_every': 2}), workdir)
+  messages = [r['text'] for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'),
+                                            kind='message')]
+  assert any(m.startswith('checkpoint 4 is unusable (restore failed:') for m in messages)
+  assert 'resumed from checkpoint at step 2' in messages
+  assert sorted(train_rows(workdir)) == [1, 2, 3, 4, 5, 6]
+  assert len(os.listdir(os.path.join(workdir, 'checkpoints.quarantine'))) == 1

@@ -1,0 +1,40 @@
+"""A non-finite gradient skips the update on device: params and optimizer state are unchanged,
+the skip is reported, and the next finite update proceeds as if the bad batch never came."""
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from rft_jax.algorithms import train_state as ts
+
+
+def _setup():
+  cfg = ml_collections.ConfigDict({'lr': 1e-2, 'warmup_steps': 0, 'b1': 0.9, 'b2': 0.99,
+                                   'weight_decay': 0.1, 'grad_clip': 1.0})
+  tx, schedule = ts.make_optimizer(cfg), ts.lr_schedule(cfg)
+  params = {'w': jnp.arange(6.0).reshape(2, 3), 'b': jnp.ones(3)}
+  state = ts.TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params))
+  return state, tx, schedule
+
+
+def test_nan_and_inf_gradients_leave_the_state_unchanged():
+  state, tx, schedule = _setup()
+  good = {'w': jnp.full((2, 3), 0.5), 'b': jnp.full(3, -0.25)}
+  state, _ = ts.apply_gradients(state, good, tx, schedule)
+  for bad_value in (jnp.nan, jnp.inf):
+    bad = {'w': good['w'].at[1, 2].set(bad_value), 'b': good['b']}
+    new, stats = ts.apply_gradients(state, bad, tx, schedule)
+    assert float(stats['update_skipped']) == 1.0 and float(stats['update_norm']) == 0.0
+    assert not np.isfinite(float(stats['grad_norm']))
+    for a, b in zip(jax.tree.leaves((new.params, new.opt_state)),
+                    jax.tree.leaves((state.params, state.opt_state))):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert int(new.step) == int(state.step) + 1
+  # After a skipped step, a finite one gives exactly what it would have without the bad batch.
+  skipped, _ = ts.apply_gradients(state, {'w': good['w'] * jnp.nan, 'b': good['b']}, tx,
+                                  schedule)
+  after_skip, stats = ts.apply_gradients(skipped, good, tx, schedule)
+  direct, _ = ts.apply_gradients(state, good, tx, schedule)
+  assert float(stats['update_skipped']) == 0.0
+  for a, b in zip(jax.tree.leaves(after_skip.params), jax.tree.leaves(direct.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
