@@ -70,6 +70,16 @@ class StopRequest:
     self._previous = {}
 
 
+def preempt(stop: StopRequest, step: int, hooks, ckpt: Checkpointer, workdir: str):
+  """After the stop's checkpoint was saved: say how to resume, close, raise Preempted."""
+  hooks.on_message(f'{stop.signal_name}: stopped after step {step} with a checkpoint; '
+                   'run the same command again to resume')
+  hooks.close()
+  ckpt.close()
+  raise Preempted(f'{stop.signal_name} at step {step}: checkpoint saved in {workdir}; run the '
+                  'same command again to resume')
+
+
 def init_state(params, tx, state_shardings, controls=None, monitor=None) -> ts.TrainState:
   """Fresh TrainState built on device with the target shardings."""
   make = lambda p: ts.TrainState(step=jnp.int32(0), params=p, opt_state=tx.init(p),

@@ -50,27 +50,34 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
   if 'base_eval' not in meta:
     meta['base_eval'] = evaluator(state.params)
   wall_before = meta.get('wall_s', 0.0)
-  for step in range(start + 1, total + 1):
-    t0 = time.time()
-    raw = next(data_it)
-    batch = {k: raw[k] for k in ('tokens', 'mask', 'loss_mask')}
-    state, metrics = step_fn(state, batch)
-    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    if not np.isfinite(metrics['loss']):
-      raise runs.TrainingError(
-          f'non-finite loss at step {step}; last good checkpoint '
-          f'(step {ckpt.latest_step() or "none"}) kept in {workdir}')
-    dt = time.time() - t0
-    metrics.update({'time/step_s': dt,
-                    'throughput/tokens_per_s': float(np.asarray(batch['mask']).sum()) / dt})
-    hooks.on_step(step, metrics)
-    if step % config.train.eval_every == 0 or step == total:
-      result = evaluator(state.params)
-      hooks.on_eval(step, result)
-      meta['final_eval' if step == total else 'last_eval'] = result
-    if step % config.train.ckpt_every == 0 or step == total:
-      meta['wall_s'] = wall_before + time.time() - t_start
-      runs.save_checkpoint(config, ckpt, step, state, data_it.get_state(), meta, hooks)
+  stop = runs.StopRequest()   # SIGTERM / SIGINT: finish this step, checkpoint, exit 75
+  try:
+    for step in range(start + 1, total + 1):
+      t0 = time.time()
+      raw = next(data_it)
+      batch = {k: raw[k] for k in ('tokens', 'mask', 'loss_mask')}
+      state, metrics = step_fn(state, batch)
+      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      if not np.isfinite(metrics['loss']):
+        raise runs.TrainingError(
+            f'non-finite loss at step {step}; last good checkpoint '
+            f'(step {ckpt.latest_step() or "none"}) kept in {workdir}')
+      dt = time.time() - t0
+      metrics.update({'time/step_s': dt,
+                      'throughput/tokens_per_s': float(np.asarray(batch['mask']).sum()) / dt})
+      hooks.on_step(step, metrics)
+      if step % config.train.eval_every == 0 or step == total:
+        result = evaluator(state.params)
+        hooks.on_eval(step, result)
+        meta['final_eval' if step == total else 'last_eval'] = result
+      stopping = stop.agreed()
+      if step % config.train.ckpt_every == 0 or step == total or stopping:
+        meta['wall_s'] = wall_before + time.time() - t_start
+        runs.save_checkpoint(config, ckpt, step, state, data_it.get_state(), meta, hooks)
+      if stopping and step != total:
+        runs.preempt(stop, step, hooks, ckpt, workdir)
+  finally:
+    stop.restore()
   summary = runs.make_summary(config, meta['base_eval'], meta['final_eval'], total,
                                  wall_before + time.time() - t_start)
   return runs.finish_run(config, workdir, summary, hooks, ckpt)

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rft_jax import components, evaluation, faults, runs
+from rft_jax import components, evaluation, faults, rollouts, runs
 from rft_jax.algorithms import grpo
 from rft_jax.algorithms import train_state as ts
 from rft_jax.data import pipeline
@@ -30,7 +30,6 @@ from rft_jax.monitor.signatures import SIGNATURES
 from rft_jax.parallel import mesh as meshlib
 from rft_jax.rewards.runner import RewardRunner
 from rft_jax.sampling.sampler import SamplingConfig, make_sampler
-from rft_jax.sampling.text import decode_completions
 from rft_jax.telemetry import sinks
 from rft_jax.telemetry.metrics import completion_diversity
 
@@ -38,8 +37,9 @@ TrainingError = runs.TrainingError
 
 
 def step_rng(seed: int, step: int) -> jax.Array:
-  """Sampling key of a step: fold_in(key(seed), step). Resumes reproduce it from (seed, step)."""
-  return jax.random.fold_in(jax.random.key(seed), step)
+  """Sampling key of a step: fold_in(key(seed), step). Resumes reproduce it from (seed, step).
+  (= rollouts.round_rng(seed, step, 0); refill rounds fold in the round too.)"""
+  return rollouts.round_rng(seed, step, 0)
 
 
 def monitor_settings(config):
@@ -112,6 +112,10 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
     raise components.SetupError(
         f'config.rollout: prompts_per_step*group_size={rollout_rows} is not divisible by '
         f'data*fsdp={meshlib.batch_divisor(c.mesh)} times algo.microbatches={algo.microbatches}')
+  if algo.score_chunks and rollout_rows % (meshlib.batch_divisor(c.mesh) * algo.score_chunks):
+    raise components.SetupError(
+        f'config.algo.score_chunks={algo.score_chunks}: data*fsdp={meshlib.batch_divisor(c.mesh)}'
+        f' times it must divide prompts_per_step*group_size={rollout_rows}')
   tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
   ref_params = jax.tree.map(jnp.copy, c.params) if algo.use_reference else None
   skipped = (pipeline.BadRecords(f'{config.task.name} train split')
@@ -158,6 +162,10 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
                         num_workers=config.rewards.num_workers,
                         memory_mb=config.rewards.get('memory_mb', 0))
   runner.start()
+  rollout_stage = rollouts.RolloutStage(
+      config, algo, data_it, c.tokenizer, runner, sampler,
+      check=lambda r, s, t: check_rewards(r, config.rewards.get('max_invalid_frac', 1.0), s, t),
+      on_message=hooks.on_message, skipped=skipped)
 
   if 'base_eval' not in meta:
     meta['base_eval'] = evaluator(c.params)
@@ -169,29 +177,17 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
     while step < total:
       step += 1
       t0 = time.time()
-      try:
-        prompts = next(data_it)
-      except ValueError as e:   # a malformed record: the pipeline names it
-        raise TrainingError(f'bad input data at step {step}: {e} (config.task.bad_records='
-                            "'skip' skips such records)") from None
-      for reason in skipped.drain() if skipped is not None else ():
-        hooks.on_message(f'skipped a bad record: {reason}')
-      rollout = sampler(remediator.controls.temperature)(
-          state.params, prompts['prompt_tokens'], prompts['prompt_mask'],
-          step_rng(config.seed, step))
-      texts = decode_completions(c.tokenizer, rollout.tokens_bt, rollout.mask_bt)
-      t1 = time.time()
-      answers = np.repeat(prompts['answer'], config.rollout.group_size)
-      rewards = runner(texts, list(answers))
-      check_rewards(rewards, config.rewards.get('max_invalid_frac', 1.0), step, texts)
-      t2 = time.time()
+      # Sample and score (one round, or DAPO's refill rounds): rft_jax/rollouts.py.
+      got = rollout_stage(state.params, step, remediator.controls.temperature)
+      rollout, t2 = got.rollout, time.time()
+      t1 = t2 - got.reward_s
       batch, metrics = prepare(state.params, state.params if ref_params is None else ref_params,
-                               rollout, jnp.asarray(rewards.total), jnp.asarray(rewards.valid))
+                               rollout, jnp.asarray(got.rewards_b), jnp.asarray(got.valid_b))
       state = state.replace(controls=jax.device_put(   # same placement as the step outputs:
           device_controls(remediator.controls, config, step), rep))   # no second compile
       for _ in range(algo.updates_per_batch):
         state, step_metrics = train_step(state, batch)
-      reward_metrics = rewards.metrics()
+      reward_metrics = {**got.rewards.metrics(), **got.metrics}
       metrics = {**metrics, **step_metrics,
                  **{k: jnp.float32(v) for k, v in reward_metrics.items()}}
       state, alarms = observe_fn(state, metrics)
@@ -200,7 +196,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       if mcfg is not None:
         metrics.update({k: float(v) for k, v in monlib.alarm_metrics(alarms).items()})
       t3 = time.time()
-      gen_tokens = float(np.asarray(rollout.mask_bt).sum())
+      gen_tokens = got.gen_tokens   # all rounds' tokens
       metrics.update(completion_diversity(rollout.tokens_bt, rollout.mask_bt))
       if skipped is not None:
         metrics['data/skipped_records'] = float(skipped.total)   # in this invocation
@@ -258,12 +254,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
         runs.save_checkpoint(config, ckpt, step, state, data_it.get_state(), meta, hooks,
                              reference=reset_ref)
       if stopping and not last:
-        hooks.on_message(f'{stop.signal_name}: stopped after step {step} with a checkpoint; '
-                         'run the same command again to resume')
-        hooks.close()
-        ckpt.close()
-        raise runs.Preempted(f'{stop.signal_name} at step {step}: checkpoint saved in '
-                             f'{workdir}; run the same command again to resume')
+        runs.preempt(stop, step, hooks, ckpt, workdir)
   finally:
     stop.restore()
     runner.close()

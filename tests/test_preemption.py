@@ -87,3 +87,26 @@ def test_sigterm_to_one_process_stops_all_after_the_same_step(tmp_path):
   step = lambda line: int(line.split()[3].rstrip(':'))
   assert step(lines[0]) == step(lines[1]), lines
   assert lines[0].endswith('stop on another process') and lines[1].endswith('SIGTERM'), lines
+
+
+def test_sigterm_stops_an_sft_run_with_a_checkpoint(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
+  workdir = str(tmp_path / 'sft')
+  cmd = [sys.executable, '-m', 'rft_jax.main', '--config', 'configs/sft_arith.py:tiny',
+         '--config.train.steps=100000', '--config.train.eval_every=100000',
+         '--config.train.ckpt_every=100000', '--config.telemetry.console=False',
+         '--config.telemetry.tensorboard=False', '--workdir', workdir]
+  proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    if os.path.exists(os.path.join(workdir, 'metrics.jsonl')) and len(train_rows(workdir)) >= 3:
+      break
+    time.sleep(0.2)
+  assert proc.poll() is None, proc.communicate()
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 75, err
+  k = max(train_rows(workdir))
+  assert sorted(int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints'))
+                if d.isdigit()) == [k]
