@@ -5,8 +5,9 @@ r"""Command line entry point: load a recipe, check it, run it.
 
 `--config` takes an ml_collections config file (`path.py` or `path.py:arg`, where `arg` goes to
 `get_config(arg)`); `--config.a.b=v` overrides one key, parsed as that key's type. `--workdir`
-defaults to `runs/<config.name>`. A recipe with a `sft` section runs `rft_jax.sft.run`, any other
-runs the RL trainer `rft_jax.trainer.run`. `--validate_only` checks the config, prints
+defaults to `runs/<config.name>`. A recipe with a `sft` section runs `rft_jax.sft.run`, one with a
+`dpo` section `rft_jax.dpo_trainer.run` (offline or online DPO), any other the RL trainer
+`rft_jax.trainer.run`. `--validate_only` checks the config, prints
 'config OK' and exits.
 
 Any bad input (a missing or broken config file, an unknown override key, an override that does
@@ -61,6 +62,9 @@ def main(argv: Sequence[str]) -> int:
   if config_lib.is_sft(config):
     from rft_jax import sft
     run = sft.run
+  elif config_lib.is_dpo(config):
+    from rft_jax import dpo_trainer
+    run = dpo_trainer.run
   try:
     run(config, workdir)
   except (components.SetupError, FileNotFoundError) as e:

@@ -25,7 +25,10 @@ The train step works on a pair batch (B pairs, S slots, L = S - 1 target positio
   pair_logps(params, batch) -> (logp_c_b, logp_r_b), logp_b = sum_l log pi(tok_{l+1}|tok_<=l) *
       loss_mask[l+1]: the summed completion log-prob (TRL's logps/chosen, logps/rejected).
   train_step(state, batch) -> (state, metrics): loss = sum_b pair_mask_b loss_b / sum_b pair_mask_b,
-      accumulated as (sum, count) over micro-batches (train_state.accumulate_grads).
+      accumulated as (sum, count) over micro-batches (train_state.accumulate_grads). With
+      rpo_alpha > 0 (RPO, Pang et al. 2024; TRL's rpo_alpha) each pair's loss adds
+      rpo_alpha * nll_b, nll_b = -logp_c_b / |chosen tokens| (the chosen answer's token-mean
+      NLL): it keeps the chosen answer likely while the margin grows.
 The reference log-probs come in the batch, computed once per pair outside the step.
 
 Online DPO builds the pairs from G sampled completions per prompt (select_pairs, online_batch):
@@ -39,6 +42,7 @@ import jax.numpy as jnp
 
 from rft_jax.algorithms import train_state as ts
 from rft_jax.algorithms.grpo import rollout_sequences, sequence_logprobs
+from rft_jax.telemetry.metrics import rollout_metrics
 
 DPO_LOSS_TYPES = ('sigmoid', 'ipo', 'hinge')
 
@@ -71,12 +75,14 @@ class DPOConfig:
   beta: float = 0.1
   label_smoothing: float = 0.0
   microbatches: int = 1
+  rpo_alpha: float = 0.0
 
   @classmethod
   def from_config(cls, config) -> 'DPOConfig':
     d = config.dpo
     return cls(loss_type=d.loss_type, beta=float(d.beta),
-               label_smoothing=float(d.label_smoothing), microbatches=d.microbatches)
+               label_smoothing=float(d.label_smoothing), microbatches=d.microbatches,
+               rpo_alpha=float(d.get('rpo_alpha', 0.0)))
 
 
 def pair_logps(params, batch: dict, *, graphdef):
@@ -97,12 +103,15 @@ def loss_fn(params, mb: dict, *, graphdef, dcfg: DPOConfig):
   loss_b, stats = dpo_loss(logp_c, logp_r, mb['ref_chosen'], mb['ref_rejected'],
                            beta=dcfg.beta, loss_type=dcfg.loss_type,
                            label_smoothing=dcfg.label_smoothing)
+  nll_b = -logp_c / jnp.maximum(mb['chosen_loss_mask'].sum(-1), 1).astype(jnp.float32)
+  if dcfg.rpo_alpha:
+    loss_b = loss_b + dcfg.rpo_alpha * nll_b
   w = mb['pair_mask'].astype(jnp.float32)
   sg = jax.lax.stop_gradient
   loss_sum = (loss_b * w).sum()
   sums = {k: (v * w).sum() for k, v in stats.items()}
   sums.update({'loss': sg(loss_sum), 'logps/chosen': sg((logp_c * w).sum()),
-               'logps/rejected': sg((logp_r * w).sum())})
+               'logps/rejected': sg((logp_r * w).sum()), 'nll_loss': sg((nll_b * w).sum())})
   return loss_sum, (w.sum(), sums)
 
 
@@ -132,7 +141,8 @@ def select_pairs(rewards_b, valid_b, group_size: int):
 
 def online_batch(ref_params, rollout, rewards_b, valid_b, *, graphdef, group_size: int):
   """Pairs from a group rollout (rows [n*G, (n+1)*G) = prompt n) plus their reference log-probs
-  -> (pair batch with N = prompts rows, {'pairs/step', 'pairs/skipped_prompts'}). Pure; jit it."""
+  -> (pair batch with N = prompts rows, {'pairs/step', 'pairs/skipped_prompts', reward/*,
+  response/*}). Pure; jit it."""
   tokens_bs, mask_bs, loss_mask_bl, _ = rollout_sequences(rollout)
   loss_mask_bs = jnp.pad(loss_mask_bl, ((0, 0), (1, 0))).astype(jnp.int32)
   chosen_n, rejected_n, has_pair_n = select_pairs(rewards_b, valid_b, group_size)
@@ -142,4 +152,6 @@ def online_batch(ref_params, rollout, rewards_b, valid_b, *, graphdef, group_siz
                   f'{side}_loss_mask': loss_mask_bs[rows]})
   batch['ref_chosen'], batch['ref_rejected'] = pair_logps(ref_params, batch, graphdef=graphdef)
   pairs = batch['pair_mask'].sum()
-  return batch, {'pairs/step': pairs, 'pairs/skipped_prompts': has_pair_n.shape[0] - pairs}
+  metrics = rollout_metrics(rewards_b, valid_b, rollout.mask_bt, rollout.truncated_b, group_size)
+  return batch, {**metrics, 'pairs/step': pairs,
+                 'pairs/skipped_prompts': has_pair_n.shape[0] - pairs}

@@ -1,0 +1,93 @@
+r"""Offline DPO on the built-in arithmetic task, starting from the shipped SFT base policy.
+
+  python -m rft_jax.main --config configs/dpo_arith.py --workdir runs/dpo_arith
+
+Preference pairs: for each train problem where a careless teacher can slip (a forgotten carry, a
+dropped minus sign), chosen = the correct answer, rejected = the slip
+(rft_jax/data/arith_pairs.py, ~9.8k pairs, TFDS array_record, generated offline on first use).
+The base policy learnt those slips from its demonstrations (configs/sft_arith.py): it prefers
+the slip in ~87% of the pairs. Reference log-probs (the base policy) are computed once per pair
+before training (~10 s); the train step never runs the reference.
+
+What to expect on 2 CPU cores (no GPU): about a minute of wall time (measured 57 s, ~19 s of it
+the reference table); `rewards/accuracies` reaching 1 within ~20 steps; held-out greedy accuracy
+57% -> 83% (mean@8 63% -> 69%), printed at the end and written to `summary.json`.
+
+Why short, with a large beta and an NLL term: every pair comes from a problem *with* a slip, so
+DPO also learns to carry where there is no carry. Measured on the 500 test prompts after this
+recipe: '+' with a carry 13 -> 102 of 114 right, '-' with a negative result 25 -> 95 of 102, but
+'+' without a carry 130 -> 76 of 135. Train longer (or with beta = 0.1, lr = 1e-4, no NLL) and
+that side wins: held-out greedy accuracy falls below the base (~23% after 150 steps). Online
+DPO (configs/online_dpo_arith.py) pairs the policy's own right and wrong answers and does not
+have this problem.
+
+`--config configs/dpo_arith.py:tiny` is the same recipe shrunk for tests (a few steps, 256 pairs).
+"""
+import ml_collections
+
+from configs import common
+
+
+def get_config(arg: str = ''):
+  config = ml_collections.ConfigDict()
+  config.name = 'dpo_arith'
+  config.seed = 0
+
+  # Input: the arithmetic task (held-out eval on its test split) and its slip pairs.
+  config.task = common.arith_task()
+  config.tokenizer = common.tiny_tokenizer()
+
+  # Policy (and frozen reference): the tiny Llama-style model, initialised from the SFT base.
+  config.model = common.tiny_model()
+  config.init_from = 'rft_jax/assets/arith_base'
+
+  # DPO: offline pairs, sigmoid loss (Rafailov et al. 2023).
+  config.dpo = ml_collections.ConfigDict()
+  config.dpo.mode = 'offline'
+  config.dpo.pairs = 'arith_slips'   # rft_jax/data/arith_pairs.py
+  config.dpo.max_pairs = 0           # 0 = every pair; N = the first N (a random subset)
+  config.dpo.batch_size = 64         # pairs per step
+  config.dpo.answer_len = 6          # completion slots (answer + EOS); also the eval length
+  config.dpo.loss_type = 'sigmoid'   # sigmoid | ipo | hinge
+  config.dpo.beta = 0.5            # larger beta: a tighter leash to the reference
+  config.dpo.label_smoothing = 0.0   # > 0: conservative DPO (sigmoid only)
+  config.dpo.rpo_alpha = 1.0         # + rpo_alpha * NLL of the chosen answer (RPO); 0 = plain
+  config.dpo.microbatches = 1
+
+  config.optim = ml_collections.ConfigDict()
+  config.optim.lr = 3e-5
+  config.optim.warmup_steps = 10
+  config.optim.b1 = 0.9
+  config.optim.b2 = 0.99
+  config.optim.weight_decay = 0.0
+  config.optim.grad_clip = 1.0
+
+  config.train = ml_collections.ConfigDict()
+  config.train.steps = 50            # 50 * 64 = 3.2k pairs, a third of an epoch (see above)
+  config.train.eval_every = 25
+  config.train.ckpt_every = 25
+  config.train.keep_checkpoints = 2
+
+  config.eval = ml_collections.ConfigDict()
+  config.eval.num_prompts = 256     # held-out test split (as in grpo_arith)
+  config.eval.k = 8
+  config.eval.temperature = 1.0
+
+  config.mesh = common.mesh()
+
+  config.telemetry = ml_collections.ConfigDict()
+  config.telemetry.console = True
+  config.telemetry.jsonl = True
+  config.telemetry.tensorboard = True
+  config.telemetry.plot = True
+  config.telemetry.wandb_project = ''
+
+  if arg == 'tiny':   # seconds of work: used by tests
+    config.dpo.max_pairs = 256
+    config.dpo.batch_size = 16
+    config.train.steps = 4
+    config.train.eval_every = 4
+    config.train.ckpt_every = 2
+    config.eval.num_prompts = 16
+    config.eval.k = 2
+  return config

@@ -1,0 +1,237 @@
+"""The DPO loop (configs/dpo_arith.py, configs/online_dpo_arith.py): offline and online DPO.
+
+  offline (config.dpo.mode='offline'): a fixed pair dataset (config.dpo.pairs, e.g. 'arith_slips'
+      in rft_jax/data/arith_pairs.py) -> shuffled pair batches of config.dpo.batch_size -> step.
+  online  (config.dpo.mode='online'): each step, G = rollout.group_size completions for each of
+      rollout.prompts_per_step prompts from the current policy (the jitted sampler) -> verifiers
+      (config.rewards) -> one pair per prompt, chosen = best reward, rejected = worst (prompts
+      whose completions all score the same are skipped and counted) -> step.
+
+The step is rft_jax.algorithms.dpo.train_step: loss config.dpo.loss_type (sigmoid / ipo /
+hinge), beta, label_smoothing, (sum, count) over config.dpo.microbatches.
+
+Reference log-probs. The reference is the initial policy (config.init_from), frozen; the train
+step never runs it. Offline: computed ONCE per pair before the first step, one jitted forward
+over the pair set in fixed-size chunks (`reference_table`: [N, 2] float32 keyed by the pair's
+position in the source); each batch looks its pairs up on the host. A resumed run recomputes
+the same table from the same initial params, so resume stays exact. Online: each step's pairs
+are new, so the jitted batch preparation (dpo.online_batch) scores just them with the frozen
+params, once per pair.
+
+Same workdir layout, checkpoints (train state + data-iterator state), resume, telemetry and
+summary.json as rft_jax/sft.py (rft_jax/runs.py). Metrics use TRL's names: loss,
+rewards/{chosen,rejected,margins,accuracies}, logps/{chosen,rejected}; online runs add
+pairs/step, pairs/skipped_prompts and the reward/response metrics.
+"""
+import functools
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rft_jax import components, evaluation, runs, trainer
+from rft_jax.algorithms import dpo
+from rft_jax.algorithms import train_state as ts
+from rft_jax.data import arith_pairs, pipeline
+from rft_jax.parallel import mesh as meshlib
+from rft_jax.rewards.runner import RewardRunner
+from rft_jax.sampling.sampler import SamplingConfig, make_sampler
+from rft_jax.sampling.text import decode_completions
+
+# config.dpo.pairs -> fn(data_dir) -> random-access source of {'id', 'prompt', 'chosen',
+# 'rejected'} records (rft_jax.config.DPO_PAIR_SOURCES names the task each belongs to).
+PAIR_SOURCES = {'arith_slips': arith_pairs.load_pairs}
+PAIR_KEYS = tuple(f'{side}_{field}' for side in ('chosen', 'rejected')
+                  for field in arith_pairs.PAIR_FIELDS)
+REFERENCE_CHUNK = 1024   # pairs per reference forward when precomputing the table
+CONSOLE_KEYS = (('loss', 'loss'), ('rewards/accuracies', 'pref acc'),
+                ('rewards/margins', 'margin'), ('logps/chosen', 'logp c'))
+ONLINE_CONSOLE_KEYS = (('reward/mean', 'reward'), ('pairs/step', 'pairs')) + CONSOLE_KEYS
+
+
+def pair_source(config):
+  """config.dpo.pairs's source, cut to its first config.dpo.max_pairs pairs (0 = all)."""
+  source = PAIR_SOURCES[config.dpo.pairs](config.task.data_dir)
+  n = config.dpo.get('max_pairs', 0)
+  return arith_pairs.Subset(source, n) if n else source
+
+
+def reference_table(logps_fn, ref_params, source, tokenizer, *, max_prompt_len: int,
+                    answer_len: int, chunk: int = REFERENCE_CHUNK) -> np.ndarray:
+  """[N, 2] float32 summed reference log-probs (chosen, rejected) of every pair, by position.
+
+  One pass in order; every chunk has the same shape (the last one padded with repeats), so
+  logps_fn(params, batch) -> (logp_c_b, logp_r_b) compiles once.
+  """
+  n = len(source)
+  chunk = min(chunk, n)
+  table = np.zeros((n, 2), np.float32)
+  batches = arith_pairs.pair_batches(source, tokenizer, max_prompt_len=max_prompt_len,
+                                     answer_len=answer_len, batch_size=chunk, seed=0,
+                                     shuffle=False, num_epochs=1, drop_remainder=False)
+  for raw in batches:
+    index, k = np.asarray(raw['index']), len(raw['index'])
+    pad = lambda x: np.concatenate([x, np.repeat(x[-1:], chunk - k, 0)]) if k < chunk else x
+    logp_c, logp_r = jax.device_get(logps_fn(ref_params, {key: pad(raw[key])
+                                                          for key in PAIR_KEYS}))
+    table[index, 0], table[index, 1] = logp_c[:k], logp_r[:k]
+  return table
+
+
+def offline_batch(raw: dict, table: np.ndarray) -> dict:
+  """A pair_batches batch plus its reference log-probs looked up by pair index (see dpo.py)."""
+  index = np.asarray(raw['index'])
+  return {**{k: raw[k] for k in PAIR_KEYS}, 'ref_chosen': table[index, 0],
+          'ref_rejected': table[index, 1], 'pair_mask': np.ones(len(index), np.float32)}
+
+
+class OfflinePairs:
+  """Step batches from the pair iterator and the precomputed reference table."""
+
+  def __init__(self, data_it, table):
+    self.data_it, self.table = data_it, table
+
+  def __call__(self, step: int, params) -> tuple[dict, dict]:
+    del step, params
+    return offline_batch(next(self.data_it), self.table), {}
+
+  def close(self):
+    pass
+
+
+class OnlinePairs:
+  """Step batches sampled from the current policy: sample -> verify -> pair -> reference."""
+
+  def __init__(self, config, c: components.Components, data_it, ref_params, batch_sh, rep):
+    self.config, self.c, self.data_it, self.ref_params = config, c, data_it, ref_params
+    r = config.rollout
+    self.sampler = make_sampler(c.graphdef, c.model_cfg, SamplingConfig(
+        max_new_tokens=r.max_new_tokens, eos_id=c.tokenizer.eos_id, pad_id=c.tokenizer.pad_id,
+        temperature=r.temperature, top_k=r.top_k, top_p=r.top_p), group_size=r.group_size)
+    self.prepare = jax.jit(functools.partial(dpo.online_batch, graphdef=c.graphdef,
+                                             group_size=r.group_size),
+                           out_shardings=(batch_sh, rep))
+    self.runner = RewardRunner(dict(config.rewards.weights), timeout_s=config.rewards.timeout_s,
+                               num_workers=config.rewards.num_workers,
+                               memory_mb=config.rewards.get('memory_mb', 0))
+    self.runner.start()
+
+  def __call__(self, step: int, params) -> tuple[dict, dict]:
+    prompts = next(self.data_it)
+    t0 = time.time()
+    rollout = self.sampler(params, prompts['prompt_tokens'], prompts['prompt_mask'],
+                           trainer.step_rng(self.config.seed, step))
+    texts = decode_completions(self.c.tokenizer, rollout.tokens_bt, rollout.mask_bt)
+    t1 = time.time()
+    answers = np.repeat(prompts['answer'], self.config.rollout.group_size)
+    rewards = self.runner(texts, list(answers))
+    trainer.check_rewards(rewards, self.config.rewards.max_invalid_frac, step, texts)
+    batch, metrics = self.prepare(self.ref_params, rollout, jnp.asarray(rewards.total),
+                                  jnp.asarray(rewards.valid))
+    extra = {k: v for k, v in rewards.metrics().items() if k != 'reward/total/mean'}
+    return batch, {**metrics, **extra, 'time/sample_s': t1 - t0,
+                   'time/reward_s': time.time() - t1}
+
+  def close(self):
+    self.runner.close()
+
+
+def run(config, workdir: str, hooks_extra=()) -> dict:
+  """Trains config's DPO recipe in workdir (resuming if possible). Returns summary.json's dict."""
+  t_start = time.time()
+  os.makedirs(workdir, exist_ok=True)
+  c = components.build(config)
+  dcfg = dpo.DPOConfig.from_config(config)
+  online = config.dpo.mode == 'online'
+  per_step = config.rollout.prompts_per_step if online else config.dpo.batch_size
+  divisor = meshlib.batch_divisor(c.mesh) * dcfg.microbatches
+  if per_step % divisor:
+    key = 'rollout.prompts_per_step' if online else 'dpo.batch_size'
+    raise components.SetupError(f'config.{key}={per_step} is not divisible by data*fsdp='
+                                f'{meshlib.batch_divisor(c.mesh)} times dpo.microbatches='
+                                f'{dcfg.microbatches}')
+  tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
+  shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
+  if online:
+    data_it = pipeline.prompt_batches(c.train_source, c.tokenizer, seed=config.seed,
+                                      max_prompt_len=config.task.max_prompt_len,
+                                      batch_size=per_step, **shard)
+    completion_len = config.rollout.max_new_tokens
+  else:
+    source = pair_source(config)
+    data_it = arith_pairs.pair_batches(source, c.tokenizer, seed=config.seed,
+                                       max_prompt_len=config.task.max_prompt_len,
+                                       answer_len=config.dpo.answer_len, batch_size=per_step,
+                                       **shard)
+    completion_len = config.dpo.answer_len
+  opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra,
+                         console_keys=ONLINE_CONSOLE_KEYS if online else CONSOLE_KEYS)
+  state, shardings, ckpt, meta, hooks, start, _ = opened
+  total = config.train.steps
+  if start >= total and 'final_eval' in meta:
+    return runs.finish_complete_run(config, workdir, opened)
+
+  # The frozen reference: the initial params. The train state holds its own copy (runs.init_state
+  # or a restore), so donating the state never touches these buffers.
+  ref_params = c.params
+  batch_sh, rep = meshlib.batch_sharding(c.mesh), meshlib.replicated(c.mesh)
+  if online:
+    make_batch = OnlinePairs(config, c, data_it, ref_params, batch_sh, rep)
+  else:
+    t0 = time.time()
+    table = reference_table(jax.jit(functools.partial(dpo.pair_logps, graphdef=c.graphdef)),
+                            ref_params, source, c.tokenizer,
+                            max_prompt_len=config.task.max_prompt_len,
+                            answer_len=config.dpo.answer_len)
+    hooks.on_message(f'reference log-probs of {len(source)} pairs computed once in '
+                     f'{time.time() - t0:.1f}s (the initial policy prefers the chosen answer in '
+                     f'{np.mean(table[:, 0] > table[:, 1]):.0%} of them)')
+    make_batch = OfflinePairs(data_it, table)
+  step_fn = jax.jit(functools.partial(dpo.train_step, graphdef=c.graphdef, dcfg=dcfg, tx=tx,
+                                      schedule=schedule),
+                    in_shardings=(shardings, batch_sh), out_shardings=(shardings, rep),
+                    donate_argnums=0)
+  evaluator = evaluation.Evaluator(
+      c.graphdef, c.model_cfg, c.tokenizer, components.eval_batch(c, config),
+      max_new_tokens=completion_len, k=config.eval.k, temperature=config.eval.temperature,
+      seed=config.seed)
+  if 'base_eval' not in meta:
+    meta['base_eval'] = evaluator(c.params)
+    hooks.on_eval(0, {k.replace('eval/', 'eval/base_'): v for k, v in meta['base_eval'].items()})
+  wall_before = meta.get('wall_s', 0.0)
+  stop = runs.StopRequest()   # SIGTERM / SIGINT: finish this step, checkpoint, exit 75
+  try:
+    for step in range(start + 1, total + 1):
+      t0 = time.time()
+      batch, extra = make_batch(step, state.params)
+      t1 = time.time()
+      state, metrics = step_fn(state, batch)
+      metrics = {k: float(v) for k, v in jax.device_get({**metrics, **extra}).items()}
+      if not np.isfinite(metrics['loss']):
+        raise runs.TrainingError(
+            f'non-finite loss at step {step}; last good checkpoint '
+            f'(step {ckpt.latest_step() or "none"}) kept in {workdir}')
+      meta['pairs_total'] = meta.get('pairs_total', 0.0) + metrics['pairs']
+      metrics.update({'time/step_s': time.time() - t0, 'time/train_s': time.time() - t1})
+      hooks.on_step(step, metrics)
+      last = step == total
+      if step % config.train.eval_every == 0 or last:
+        result = evaluator(state.params)
+        hooks.on_eval(step, result)
+        meta['final_eval' if last else 'last_eval'] = result
+      stopping = stop.agreed()
+      if step % config.train.ckpt_every == 0 or last or stopping:
+        meta['wall_s'] = wall_before + time.time() - t_start
+        runs.save_checkpoint(config, ckpt, step, state, data_it.get_state(), meta, hooks)
+      if stopping and not last:
+        runs.preempt(stop, step, hooks, ckpt, workdir)
+  finally:
+    stop.restore()
+    make_batch.close()
+  summary = runs.make_summary(config, meta['base_eval'], meta['final_eval'], total,
+                              wall_before + time.time() - t_start)
+  summary.update({'dpo_mode': config.dpo.mode, 'dpo_loss_type': config.dpo.loss_type,
+                  'pairs_per_step': round(meta['pairs_total'] / total, 2)})
+  return runs.finish_run(config, workdir, summary, hooks, ckpt)
