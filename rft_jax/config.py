@@ -7,13 +7,15 @@ before anything heavy is imported or built, and raises `ConfigError` on the firs
   config.rollout.tempreature: unknown key (did you mean 'temperature'?)
 
 The checks run in this order: unknown, missing and wrongly typed keys (against `SCHEMA`); value
-ranges (`_COMMON_RULES`, `_RL_RULES`, `_SFT_RULES`); constraints between keys; files on disk;
-and last the registered names (verifiers, advantage estimators, losses), which import their
-implementation modules.
+ranges (`_COMMON_RULES`, `_RL_RULES`, `_SFT_RULES`, `_DPO_RULES`); constraints between keys;
+files on disk; and last the registered names (verifiers, advantage estimators, losses), which
+import their implementation modules.
 
-A recipe with a `sft` section is a supervised fine-tuning recipe; any other is an RL (GRPO
-family) recipe and must have `rollout`, `rewards` and `algo` sections. Checks that depend on the
-devices (e.g. the batch dividing the data-parallel axes) happen where the mesh is built.
+A recipe with a `sft` section is a supervised fine-tuning recipe; one with a `dpo` section a
+direct-preference recipe (offline: `dpo.pairs` names a pair dataset; online: pairs built from
+`rollout` samples scored by `rewards`); any other is an RL (GRPO family) recipe and must have
+`rollout`, `rewards` and `algo` sections. Checks that depend on the devices (e.g. the batch
+dividing the data-parallel axes) happen where the mesh is built.
 """
 import difflib
 import os
@@ -59,8 +61,17 @@ SCHEMA: dict[str, Any] = {
         # Optional (see OPTIONAL_KEYS; defaults in rft_jax/algorithms/grpo.py GRPOConfig):
         'clip_eps_low': float, 'clip_eps_high': float, 'clip_c': float, 'entropy_coef': float,
         'kl_in_reward': bool, 'max_len': int,
+        # DAPO extras and mismatch correction (optional; rft_jax/algorithms/corrections.py,
+        # dynamic_sampling.py; score_chunks: grpo.score_logprobs):
+        'dynamic_sampling': bool, 'max_sampling_rounds': int, 'overlong': str,
+        'overlong_cache': int, 'tis_cap': float, 'score_chunks': int,
     },
     'sft': {'batch_size': int, 'answer_len': int, 'teacher_error_rate': float},
+    # Direct preference optimisation (rft_jax/dpo_trainer.py). pairs, batch_size, answer_len and
+    # max_pairs are offline-only (OPTIONAL_KEYS): online DPO makes one pair per rollout prompt.
+    'dpo': {'mode': str, 'loss_type': str, 'beta': float, 'label_smoothing': float,
+            'microbatches': int, 'pairs': str, 'batch_size': int, 'answer_len': int,
+            'max_pairs': int, 'rpo_alpha': float},
     'optim': {
         'lr': float, 'warmup_steps': int, 'b1': float, 'b2': float,
         'weight_decay': float, 'grad_clip': float,
@@ -80,6 +91,8 @@ OPTIONAL_SECTIONS = ('monitor', 'faults')
 # Keys a recipe may leave out; code reading them uses config.<section>.get(key, default).
 OPTIONAL_KEYS = frozenset({
     'model.path',                   # default '' (the model config.model describes)
+    'dpo.pairs', 'dpo.batch_size', 'dpo.answer_len', 'dpo.max_pairs',   # offline DPO only
+    'dpo.rpo_alpha',                # default 0: no NLL term (rft_jax/algorithms/dpo.py)
     # task options, defaults in rft_jax/data/pipeline.py PromptFormat / rft_jax/components.py:
     'task.manual_dir', 'task.chat_template', 'task.system_prompt', 'task.instruction',
     'task.bad_records',             # 'error' (default) or 'skip': see rft_jax/data/pipeline.py
@@ -89,9 +102,19 @@ OPTIONAL_KEYS = frozenset({
     # entropy_coef 0, kl_in_reward False, max_len 0 = rollout.max_new_tokens)
     'algo.clip_eps_low', 'algo.clip_eps_high', 'algo.clip_c', 'algo.entropy_coef',
     'algo.kl_in_reward', 'algo.max_len',
+    # dynamic_sampling False, max_sampling_rounds 4, overlong 'none', overlong_cache 0 =
+    # max(1, max_new_tokens // 5), tis_cap 0 = off, score_chunks 0 = algo.microbatches
+    'algo.dynamic_sampling', 'algo.max_sampling_rounds', 'algo.overlong', 'algo.overlong_cache',
+    'algo.tis_cap', 'algo.score_chunks',
 })
 MONITOR_MODES = ('off', 'warn', 'halt', 'auto')
 SFT_SECTIONS = ('sft',)
+DPO_SECTIONS = ('dpo',)
+DPO_MODES = ('offline', 'online')
+DPO_LOSS_TYPES = ('sigmoid', 'ipo', 'hinge')   # = rft_jax.algorithms.dpo.DPO_LOSS_TYPES
+# Offline pair datasets -> the task whose prompts they hold (rft_jax/dpo_trainer.py PAIR_SOURCES).
+DPO_PAIR_SOURCES = {'arith_slips': 'arith'}
+_DPO_OFFLINE_KEYS = ('pairs', 'batch_size', 'answer_len', 'max_pairs')
 DTYPES = ('float32', 'bfloat16')
 KL_ESTIMATORS = ('k1', 'k2', 'k3')   # as in rft_jax.algorithms.losses.kl_penalty
 # Advantage estimators that work with fewer than 2 completions per prompt (no group baseline);
@@ -99,6 +122,7 @@ KL_ESTIMATORS = ('k1', 'k2', 'k3')   # as in rft_jax.algorithms.losses.kl_penalt
 # so that this check runs without importing JAX.
 GROUP_FREE_ADVANTAGES = ('reinforce_pp',)
 DUAL_CLIP_LOSSES = ('ppo_clip', 'gspo')   # losses that implement algo.clip_c
+OVERLONG_MODES = ('none', 'mask', 'soft')   # as rft_jax/algorithms/corrections.OVERLONG_MODES
 
 _NO_VALUE = object()
 
@@ -126,16 +150,33 @@ def is_sft(config: ml_collections.ConfigDict) -> bool:
   return 'sft' in config
 
 
+def is_dpo(config: ml_collections.ConfigDict) -> bool:
+  """True for a direct-preference recipe (one with a `dpo` section)."""
+  return 'dpo' in config
+
+
+def _is_online_dpo(config: ml_collections.ConfigDict) -> bool:
+  return is_dpo(config) and config.dpo.get('mode') == 'online'
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError naming the first bad key of `config`; returns None if it is usable."""
-  _check_section(config, SCHEMA, '', optional=RL_SECTIONS + SFT_SECTIONS + OPTIONAL_SECTIONS)
+  _check_section(config, SCHEMA, '',
+                 optional=RL_SECTIONS + SFT_SECTIONS + DPO_SECTIONS + OPTIONAL_SECTIONS)
   required = SFT_SECTIONS if is_sft(config) else RL_SECTIONS
+  kind = 'SFT' if is_sft(config) else 'GRPO/RL (no `sft` section)'
+  if is_dpo(config):
+    if is_sft(config):
+      raise ConfigError('dpo', 'a recipe has a `sft` or a `dpo` section, not both')
+    online = _is_online_dpo(config)
+    required = DPO_SECTIONS + (('rollout', 'rewards') if online else ())
+    kind = 'online DPO' if online else 'offline DPO'
   for name in required:
     if name not in config:
-      kind = 'SFT' if is_sft(config) else 'GRPO/RL (no `sft` section)'
       raise ConfigError(name, f'missing section; a {kind} recipe needs it')
 
-  rules = _COMMON_RULES + (_SFT_RULES if is_sft(config) else _RL_RULES)
+  rules = _COMMON_RULES + (_SFT_RULES if is_sft(config) else
+                           _dpo_rules(config) if is_dpo(config) else _RL_RULES)
   for key, ok, requirement in rules:
     if key in OPTIONAL_KEYS and not has_key(config, key):
       continue
@@ -146,12 +187,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _check_mesh(config)
   if is_sft(config):
     _check_sft(config)
+  elif is_dpo(config):
+    _check_dpo(config)
   else:
     _check_rollout(config)
   _check_paths(config)
   _check_monitor_and_faults(config)
   _check_wandb(config)
-  if not is_sft(config):
+  if _is_online_dpo(config):
+    _check_verifier_names(config)
+  elif not is_sft(config) and not is_dpo(config):
     _check_verifier_names(config)
     _check_algo_names(config)
 
@@ -290,6 +335,14 @@ _RL_RULES: list[Rule] = [
      'dual-clip constant must be > 1 (Ye et al. 2020), or 0 for no dual-clip'),
     _at_least('algo.entropy_coef', 0),
     ('algo.max_len', lambda v: v >= 0, 'must be >= 0 (0 = rollout.max_new_tokens)'),
+    _at_least('algo.max_sampling_rounds', 1),
+    ('algo.overlong', lambda v: v in OVERLONG_MODES,
+     f'must be one of {", ".join(map(repr, OVERLONG_MODES))}'),
+    ('algo.overlong_cache', lambda v: v >= 0,
+     'must be >= 0 (0 = max(1, rollout.max_new_tokens // 5))'),
+    ('algo.tis_cap', lambda v: v == 0 or v >= 1,
+     'truncated importance sampling cap must be >= 1 (e.g. 2), or 0 for off'),
+    ('algo.score_chunks', lambda v: v >= 0, 'must be >= 0 (0 = algo.microbatches)'),
 ]
 
 _SFT_RULES: list[Rule] = [
@@ -343,10 +396,93 @@ def _check_rollout(config: ml_collections.ConfigDict) -> None:
         f'must divide the rollout batch rollout.prompts_per_step * rollout.group_size = '
         f'{rollout.prompts_per_step} * {rollout.group_size} = {batch}', algo.microbatches)
   _check_fits(config, 'rollout.max_new_tokens')
+  _check_dapo_extras(config)
+
+
+def _check_dapo_extras(config: ml_collections.ConfigDict) -> None:
+  """Dynamic sampling, overlong cache and scoring chunks against the rollout shape."""
+  rollout, algo = config.rollout, config.algo
+  if algo.get('dynamic_sampling', False) and rollout.group_size < 2:
+    raise ConfigError('algo.dynamic_sampling', 'needs rollout.group_size >= 2 (it drops groups '
+                      f'without reward spread; a group of {rollout.group_size} never has any)',
+                      True)
+  cache = algo.get('overlong_cache', 0)
+  if cache > rollout.max_new_tokens:
+    raise ConfigError('algo.overlong_cache', f'must be <= rollout.max_new_tokens='
+                      f'{rollout.max_new_tokens} (the punishment starts at max_new_tokens - '
+                      'overlong_cache)', cache)
+  chunks, batch = algo.get('score_chunks', 0), rollout.prompts_per_step * rollout.group_size
+  if chunks and batch % chunks:
+    raise ConfigError('algo.score_chunks', f'must divide the rollout batch rollout.'
+                      f'prompts_per_step * rollout.group_size = {batch}', chunks)
 
 
 def _check_sft(config: ml_collections.ConfigDict) -> None:
   _check_fits(config, 'sft.answer_len')
+
+
+_DPO_RULES: list[Rule] = [
+    ('dpo.mode', lambda v: v in DPO_MODES, f'must be one of {", ".join(map(repr, DPO_MODES))}'),
+    ('dpo.loss_type', lambda v: v in DPO_LOSS_TYPES,
+     f'must be one of {", ".join(map(repr, DPO_LOSS_TYPES))}'),
+    _above('dpo.beta', 0),
+    ('dpo.label_smoothing', lambda v: 0 <= v < 0.5, 'must be in [0, 0.5)'),
+    _at_least('dpo.microbatches', 1),
+    _at_least('dpo.batch_size', 1),
+    _at_least('dpo.answer_len', 1),
+    ('dpo.max_pairs', lambda v: v >= 0, 'must be >= 0 (0 = every pair of the source)'),
+    _at_least('dpo.rpo_alpha', 0),
+]
+
+
+def _dpo_rules(config: ml_collections.ConfigDict) -> list[Rule]:
+  """DPO ranges; online DPO also samples, so the RL rollout and rewards ranges apply."""
+  if not _is_online_dpo(config):
+    return _DPO_RULES
+  return _DPO_RULES + [r for r in _RL_RULES if r[0].split('.')[0] in ('rollout', 'rewards')]
+
+
+def _check_dpo(config: ml_collections.ConfigDict) -> None:
+  """Sections and keys that fit the DPO mode; an offline recipe needs a known pair source."""
+  dpo = config.dpo
+  for name in ('algo',) + (() if _is_online_dpo(config) else ('rollout', 'rewards')):
+    if name in config:
+      raise ConfigError(name, f'not used by a DPO recipe with dpo.mode={dpo.mode!r} '
+                        '(its loss settings are in config.dpo); remove this section')
+  if dpo.label_smoothing and dpo.loss_type != 'sigmoid':
+    raise ConfigError('dpo.label_smoothing', "label smoothing (cDPO) applies to "
+                      f"dpo.loss_type='sigmoid' only, not {dpo.loss_type!r}; set it to 0",
+                      dpo.label_smoothing)
+  if _is_online_dpo(config):
+    for key in _DPO_OFFLINE_KEYS:
+      if key in dpo:
+        raise ConfigError(f'dpo.{key}', 'offline DPO only: online DPO makes one pair per prompt '
+                          'of rollout.prompts_per_step from sampled completions', dpo[key])
+    if config.rollout.group_size < 2:
+      raise ConfigError('rollout.group_size', 'online DPO needs at least 2 completions per '
+                        'prompt to form a pair', config.rollout.group_size)
+    batch_key, batch = 'rollout.prompts_per_step', config.rollout.prompts_per_step
+    _check_fits(config, 'rollout.max_new_tokens')
+  else:
+    pairs = dpo.get('pairs', '')
+    if not pairs:
+      raise ConfigError('dpo.pairs', 'offline DPO needs a preference-pair source (known: '
+                        + ', '.join(map(repr, DPO_PAIR_SOURCES)) + "); or set dpo.mode='online' "
+                        'to build pairs from sampled completions', pairs)
+    if pairs not in DPO_PAIR_SOURCES:
+      raise ConfigError('dpo.pairs', 'unknown pair source' + did_you_mean(pairs, DPO_PAIR_SOURCES)
+                        + '; known: ' + ', '.join(DPO_PAIR_SOURCES), pairs)
+    if DPO_PAIR_SOURCES[pairs] != config.task.name:
+      raise ConfigError('dpo.pairs', f'pairs of task {DPO_PAIR_SOURCES[pairs]!r}, but '
+                        f'task.name={config.task.name!r}', pairs)
+    for key in ('batch_size', 'answer_len'):
+      if key not in dpo:
+        raise ConfigError(f'dpo.{key}', 'missing key; offline DPO needs it')
+    batch_key, batch = 'dpo.batch_size', dpo.batch_size
+    _check_fits(config, 'dpo.answer_len')
+  if batch % dpo.microbatches:
+    raise ConfigError('dpo.microbatches', f'must divide the pairs per step {batch_key}={batch}',
+                      dpo.microbatches)
 
 
 def _check_fits(config: ml_collections.ConfigDict, completion_key: str) -> None:

@@ -10,6 +10,7 @@ alarms come back with the step's metrics (no extra host round-trip). Incidents g
 metrics.jsonl (kind 'incident'), incidents.jsonl and the end-of-run report; remediation
 (config.monitor.mode) is executed here: see rft_jax/monitor/remediation.py for the policy.
 """
+import dataclasses
 import functools
 import json
 import os
@@ -23,6 +24,7 @@ from rft_jax import components, evaluation, faults, rollouts, runs
 from rft_jax.algorithms import grpo
 from rft_jax.algorithms import train_state as ts
 from rft_jax.data import pipeline
+from rft_jax.models import functional as lm
 from rft_jax.monitor import monitor as monlib
 from rft_jax.monitor.detectors import MonitorConfig
 from rft_jax.monitor.remediation import Controls, Remediator
@@ -52,8 +54,10 @@ def monitor_settings(config):
 
 def device_controls(controls: Controls, config, step: int) -> dict:
   """TrainState.controls for `step`: remediation's knobs times any injected fault."""
-  lr = controls.lr_scale * faults.lr_multiplier(config.get('faults', []), step)
-  return {'lr_scale': jnp.float32(lr), 'kl_coef': jnp.float32(controls.kl_coef)}
+  injected = config.get('faults', [])
+  lr = controls.lr_scale * faults.lr_multiplier(injected, step)
+  kl = faults.kl_coef(injected, step, controls.kl_coef)
+  return {'lr_scale': jnp.float32(lr), 'kl_coef': jnp.float32(kl)}
 
 
 def observe(state: ts.TrainState, metrics: dict, *, mcfg):
@@ -140,18 +144,37 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
     ref_params = reset_ref
   incident_log = IncidentLog(workdir, start)
 
+  injector = faults.FaultInjector(config.get('faults', []), config.seed,
+                                  config.rollout.group_size, total)
+
   @functools.cache
-  def sampler(temperature: float):   # one compiled sampler per temperature remediation asks for
+  def sampler(temperature: float, max_new_tokens: int = 0, ignore_eos: bool = False):
+    """One compiled sampler per temperature remediation asks for (and per injected fault)."""
     return make_sampler(c.graphdef, c.model_cfg, SamplingConfig(
-        max_new_tokens=config.rollout.max_new_tokens, eos_id=c.tokenizer.eos_id,
+        max_new_tokens=max_new_tokens or config.rollout.max_new_tokens,
+        eos_id=-1 if ignore_eos else c.tokenizer.eos_id,
         pad_id=c.tokenizer.pad_id, temperature=temperature, top_k=config.rollout.top_k,
         top_p=config.rollout.top_p), group_size=config.rollout.group_size)
-  prepare = jax.jit(functools.partial(grpo.prepare_batch, graphdef=c.graphdef, algo=algo),
-                    out_shardings=(batch_sh, rep))
-  train_step = jax.jit(
-      functools.partial(grpo.train_step, graphdef=c.graphdef, algo=algo, tx=tx,
-                        schedule=schedule),
-      in_shardings=(shardings, batch_sh), out_shardings=(shardings, rep), donate_argnums=0)
+
+  @functools.cache
+  def step_fns(bf16: bool):
+    """(prepare, train_step) jitted; bf16=True only under the bf16_logits fault."""
+    graphdef = c.graphdef if not bf16 else lm.abstract_params(
+        dataclasses.replace(c.model_cfg, dtype='bfloat16'))[0]
+    prepare = jax.jit(functools.partial(grpo.prepare_batch, graphdef=graphdef, algo=algo),
+                      out_shardings=(batch_sh, rep))
+    train_step = jax.jit(
+        functools.partial(grpo.train_step, graphdef=graphdef, algo=algo, tx=tx,
+                          schedule=schedule),
+        in_shardings=(shardings, batch_sh), out_shardings=(shardings, rep), donate_argnums=0)
+    return prepare, train_step
+  corrupt = jax.jit(faults.corrupt_batch, static_argnames='shift_mask', out_shardings=batch_sh)
+  hard_it = None
+  if any(f['type'] == 'curriculum_switch' for f in injector.faults):
+    hard_it = pipeline.prompt_batches(
+        faults.hard_arith_records(c.train_source), c.tokenizer,
+        max_prompt_len=config.task.max_prompt_len, batch_size=config.rollout.prompts_per_step,
+        seed=config.seed + 1)
   observe_fn = jax.jit(functools.partial(observe, mcfg=mcfg), donate_argnums=0,
                        out_shardings=(shardings, rep))
   evaluator = evaluation.Evaluator(
@@ -165,7 +188,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
   rollout_stage = rollouts.RolloutStage(
       config, algo, data_it, c.tokenizer, runner, sampler,
       check=lambda r, s, t: check_rewards(r, config.rewards.get('max_invalid_frac', 1.0), s, t),
-      on_message=hooks.on_message, skipped=skipped)
+      on_message=hooks.on_message, skipped=skipped, injector=injector, hard_it=hard_it)
 
   if 'base_eval' not in meta:
     meta['base_eval'] = evaluator(c.params)
@@ -181,8 +204,14 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       got = rollout_stage(state.params, step, remediator.controls.temperature)
       rollout, t2 = got.rollout, time.time()
       t1 = t2 - got.reward_s
+      prepare, train_step = step_fns(injector.trainer_bf16(step))
       batch, metrics = prepare(state.params, state.params if ref_params is None else ref_params,
                                rollout, jnp.asarray(got.rewards_b), jnp.asarray(got.valid_b))
+      sign_b, shift = injector.batch_faults(step, len(got.rewards_b))
+      if sign_b is not None:   # injected credit-assignment faults (FaultBench)
+        batch = corrupt(batch, jnp.asarray(sign_b), shift_mask=shift)
+        p = rollout.prompt_tokens_bp.shape[1]   # the invariant, on the mask actually used
+        metrics['invariant/prompt_loss_tokens'] = batch['loss_mask'][:, :p - 1].sum()
       state = state.replace(controls=jax.device_put(   # same placement as the step outputs:
           device_controls(remediator.controls, config, step), rep))   # no second compile
       for _ in range(algo.updates_per_batch):

@@ -11,6 +11,9 @@ Sequence layout. A rollout row is the left-padded prompt (P slots) followed by t
              - entropy_coef * agg(entropy)
   With algo.kl_in_reward the KL is instead subtracted from each sequence's reward before the
   advantages: r_i <- r_i - kl_coef * sum_t kl(old_logp_it, ref_logp_it), and the loss has no KL.
+  With algo.tis_cap = C > 0 the policy-gradient term of each token is multiplied by
+  w = sg(min(exp(old_logp - sampler_logp), C)) (truncated importance sampling; corrections.py);
+  algo.overlong == 'mask' drops truncated completions from the loss.
 """
 import dataclasses
 import functools

@@ -219,12 +219,12 @@ def flawed_teacher(record: dict, rate: float) -> dict:
   u = ((int(record['id']) * 2654435761 + 12345) % 2**32) / 2**32   # fixed per record
   if u >= rate:
     return record
-  a, op, b = _parse_prompt(record['prompt'])
+  a, op, b = parse_prompt(record['prompt'])
   slip = teacher_slip(a, op, b)
   return record if slip is None else {**record, 'answer': str(slip)}
 
 
-def _parse_prompt(prompt: str) -> tuple[int, str, int]:
+def parse_prompt(prompt: str) -> tuple[int, str, int]:
   """'37+48=' -> (37, '+', 48); '12-45=' -> (12, '-', 45)."""
   body = prompt.rstrip('=')
   for i, ch in enumerate(body[1:], start=1):   # operands are non-negative: skip index 0

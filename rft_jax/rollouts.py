@@ -1,0 +1,148 @@
+"""The RL loop's rollout stage: prompts -> completions -> rewards (-> DAPO's group refill).
+
+Called by rft_jax/trainer.py once per step. One round draws a prompt batch from the data
+iterator, samples G completions per prompt with key round_rng(seed, step, round), decodes and
+scores them, and applies the soft overlong punishment (algo.overlong == 'soft'). Without
+algo.dynamic_sampling a step is exactly one round and its arrays go to the train step as they
+are. With it, rounds repeat until the step holds rollout.prompts_per_step informative groups (or
+algo.max_sampling_rounds rounds), and the batch is gathered from the picked groups (see
+rft_jax/algorithms/dynamic_sampling.py). Every draw advances the data iterator, whose state is
+checkpointed after the step, and every key is a function of (seed, step, round): resume is exact.
+"""
+import dataclasses
+import time
+from typing import Callable
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from rft_jax import runs
+from rft_jax.algorithms import corrections
+from rft_jax.algorithms import dynamic_sampling as ds
+from rft_jax.rewards.runner import RewardResult
+from rft_jax.sampling.text import decode_completions
+
+
+def round_rng(seed: int, step: int, round_: int) -> jax.Array:
+  """Sampling key of one round: fold_in(key(seed), step) for round 0 (the trainer's step key),
+  fold_in(that, round) for the refill rounds."""
+  key = jax.random.fold_in(jax.random.key(seed), step)
+  return key if round_ == 0 else jax.random.fold_in(key, round_)
+
+
+@dataclasses.dataclass
+class StepRollout:
+  """What the train step consumes. rewards_b: float32 [B] (soft overlong penalty included);
+  rewards: the verifiers' RewardResult of these rows (error/timeout counts over all rounds)."""
+  rollout: object
+  rewards_b: np.ndarray
+  valid_b: np.ndarray
+  rewards: RewardResult
+  texts: list
+  metrics: dict
+  gen_tokens: float
+  reward_s: float
+
+
+def _any_process(short: bool) -> bool:
+  if jax.process_count() == 1:
+    return short
+  return bool(np.max(multihost_utils.process_allgather(np.int32(short))))
+
+
+class RolloutStage:
+  """Callable (params, step, temperature) -> StepRollout; see the module docstring.
+
+  sampler(temperature) returns the jitted group sampler; check(rewards, step, texts) raises
+  when a batch is too badly scored (trainer.check_rewards); on_message reports to the sinks.
+  """
+
+  def __init__(self, config, algo, data_it, tokenizer, runner, sampler: Callable,
+               check: Callable, on_message: Callable, skipped=None, injector=None,
+               hard_it=None):
+    self.config, self.algo, self.data_it = config, algo, data_it
+    self.tokenizer, self.runner, self.sampler = tokenizer, runner, sampler
+    self.check, self.on_message, self.skipped = check, on_message, skipped
+    self.injector, self.hard_it = injector, hard_it   # FaultBench (rft_jax/faults.py)
+    self.group_size = config.rollout.group_size
+    self.limit_reported = False
+
+  def _round(self, params, step: int, round_: int, temperature: float):
+    """One prompt batch sampled and scored -> (payload dict, reward seconds)."""
+    faulty = self.injector is not None and self.injector.enabled
+    try:
+      use_hard = faulty and self.hard_it is not None and self.injector.hard_prompts(step)
+      prompts = next(self.hard_it if use_hard else self.data_it)
+    except ValueError as e:   # a malformed record: the pipeline names it
+      raise runs.TrainingError(f'bad input data at step {step}: {e} (config.task.bad_records='
+                               "'skip' skips such records)") from None
+    for reason in self.skipped.drain() if self.skipped is not None else ():
+      self.on_message(f'skipped a bad record: {reason}')
+    max_new, ignore_eos = self.config.rollout.max_new_tokens, False
+    if faulty:
+      temperature, max_new, ignore_eos = self.injector.sampling(step, temperature, max_new)
+    sample = self.sampler(temperature, max_new, ignore_eos) if faulty else self.sampler(temperature)
+    rollout = sample(params, prompts['prompt_tokens'], prompts['prompt_mask'],
+                     round_rng(self.config.seed, step, round_))
+    texts = decode_completions(self.tokenizer, rollout.tokens_bt, rollout.mask_bt)
+    t = time.time()
+    answers = list(np.repeat(prompts['answer'], self.group_size))
+    if faulty:
+      answers = self.injector.answers(step, np.repeat(prompts['id'], self.group_size), answers)
+    rewards = self.runner(texts, answers)
+    if faulty:
+      rewards = self.injector.rewards(step, rewards, texts, self.config.rewards.weights, max_new)
+    self.check(rewards, step, texts)
+    reward_s = time.time() - t
+    total = rewards.total
+    if self.algo.overlong == 'soft':
+      pen = corrections.overlong_penalty(np.asarray(rollout.lengths_b),
+                                         self.config.rollout.max_new_tokens,
+                                         self.algo.overlong_cache)
+      total = np.where(rewards.valid, total + pen, 0.0).astype(np.float32)
+    return {'rollout': rollout, 'total': total, 'rewards': rewards, 'texts': texts}, reward_s
+
+  def __call__(self, params, step: int, temperature: float) -> StepRollout:
+    reward_s = [0.0]
+
+    def draw(round_):
+      payload, secs = self._round(params, step, round_, temperature)
+      reward_s[0] += secs
+      return payload, ds.informative_groups(payload['total'], payload['rewards'].valid,
+                                            self.group_size)
+
+    if not self.algo.dynamic_sampling:
+      p, _ = draw(0)
+      out = StepRollout(p['rollout'], p['total'], p['rewards'].valid, p['rewards'], p['texts'],
+                        {}, float(np.asarray(p['rollout'].mask_bt).sum()), reward_s[0])
+    else:
+      out = self._dynamic(draw, step, reward_s)
+    if self.algo.overlong == 'soft':
+      out.metrics['overlong/penalty_mean'] = float(
+          np.mean((out.rewards_b - out.rewards.total)[out.valid_b])) if out.valid_b.any() else 0.0
+    return out
+
+  def _dynamic(self, draw, step: int, reward_s: list) -> StepRollout:
+    got = ds.collect(draw, num_groups=self.config.rollout.prompts_per_step,
+                     max_rounds=self.algo.max_sampling_rounds, agree_short=_any_process)
+    g = self.group_size
+    rows = ds.gather_groups([{'rollout': p['rollout'], 'total': p['total'],
+                              'raw_total': p['rewards'].total, 'valid': p['rewards'].valid,
+                              'per_verifier': p['rewards'].per_verifier,
+                              'texts': np.asarray(p['texts'], object)} for p in got.payloads],
+                            got.picks, g)
+    counts = lambda field: {k: sum(getattr(p['rewards'], field)[k] for p in got.payloads)
+                            for k in getattr(got.payloads[0]['rewards'], field)}
+    rewards = RewardResult(
+        total=rows['raw_total'], per_verifier=rows['per_verifier'], valid=rows['valid'],
+        errors=counts('errors'), timeouts=counts('timeouts'),
+        stuck_chunks=sum(p['rewards'].stuck_chunks for p in got.payloads))
+    if got.padded and not self.limit_reported:
+      self.limit_reported = True
+      self.on_message(f'dynamic sampling: step {step} hit algo.max_sampling_rounds='
+                      f'{self.algo.max_sampling_rounds} with {got.padded} uninformative '
+                      'group(s) padding the batch (counted in sampling/padded_groups from now on)')
+    gen_tokens = float(sum(np.asarray(p['rollout'].mask_bt).sum() for p in got.payloads))
+    return StepRollout(jax.tree.map(np.asarray, rows['rollout']), rows['total'], rows['valid'],
+                       rewards, list(rows['texts']), got.metrics(g), gen_tokens, reward_s[0])

@@ -1,0 +1,177 @@
+"""FaultBench: inject real faults into live GRPO runs and score the failure monitor.
+
+  python -m tools.faultbench --suite ci|full [--jobs N] [--out DIR] [--seeds 1,2]
+
+Every run is the arithmetic GRPO recipe (configs/grpo_arith.py) shrunk to fit many runs on a
+CPU (BENCH_OVERRIDES), from the shipped base policy, with one fault of rft_jax/faults.py
+injected at an onset drawn uniformly from 30-60% of the run (per seed and fault type), or none
+(healthy), or a benign change that must not raise incidents. Runs execute in `--jobs` spawned
+processes, one run per process. Then the runs are scored (tools/faultbench_score.py) and the
+out dir gets results.jsonl (one record per run), report.md, score.json and PNGs.
+
+Suites:
+  ci    lr_spike, mask_shift and reward_length, one benign change and a healthy run; one seed,
+        warn mode, 40 steps: a few minutes, run by the test suite (it checks the scoring
+        works on real runs, not the headline numbers)
+  full  every fault type and benign change on --seeds (default 1,2) in warn mode, every fault
+        type once more in auto mode (first seed) for remediation, and healthy runs on each
+        seed in both modes; 60 steps per run
+
+The monitor's thresholds were set before this benchmark existed (on synthetic traces,
+tools/monitor_false_alarms.py) and are not tuned on any FaultBench seed: every seed here is
+held out.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+
+from rft_jax import faults as faultlib
+
+CI_FAULTS = ('lr_spike', 'mask_shift', 'reward_length')
+CI_BENIGN = ('lr_schedule_step',)
+BENIGN = tuple(n for n, f in faultlib.FAULTS.items() if f.family == 'benign')
+FAULTED = tuple(n for n, f in faultlib.FAULTS.items() if f.family != 'benign')
+
+BENCH_OVERRIDES = {
+    'rollout.prompts_per_step': 16, 'rollout.group_size': 8,
+    'eval.num_prompts': 128, 'eval.k': 4,
+    'train.ckpt_every': 5, 'train.keep_checkpoints': 6,
+    'telemetry.console': False, 'telemetry.tensorboard': False, 'telemetry.plot': False,
+    'rewards.num_workers': 0,
+}
+
+
+def onset_for(seed: int, fault: str, steps: int) -> int:
+  """Onset drawn uniformly from [0.3, 0.6] x steps, fixed per (seed, fault)."""
+  rng = np.random.default_rng([seed, sum(map(ord, fault))])
+  return int(rng.integers(int(0.3 * steps), int(0.6 * steps) + 1))
+
+
+def plan(suite: str, seeds: list[int]) -> list[dict]:
+  """The run specs of a suite."""
+  steps = 40 if suite == 'ci' else 60
+  faulted, benign = (CI_FAULTS, CI_BENIGN) if suite == 'ci' else (FAULTED, BENIGN)
+  seeds = seeds[:1] if suite == 'ci' else seeds
+  specs = []
+  for seed in seeds:
+    specs.append({'fault': 'healthy', 'seed': seed, 'mode': 'warn'})
+    specs += [{'fault': f, 'seed': seed, 'mode': 'warn'} for f in faulted + benign]
+  if suite == 'full':
+    specs.append({'fault': 'healthy', 'seed': seeds[0], 'mode': 'auto'})
+    specs += [{'fault': f, 'seed': seeds[0], 'mode': 'auto'} for f in faulted]
+  for s in specs:
+    s['steps'] = steps
+    s['onset'] = onset_for(s['seed'], s['fault'], steps) if s['fault'] != 'healthy' else steps + 1
+    s['name'] = f"{s['fault']}-s{s['seed']}-{s['mode']}"
+  return specs
+
+
+def make_config(spec: dict):
+  from configs import grpo_arith  # pylint: disable=g-import-not-at-top
+  config = grpo_arith.get_config()
+  for key, value in {**BENCH_OVERRIDES, 'train.steps': spec['steps'],
+                     'train.eval_every': spec['steps'], 'seed': spec['seed']}.items():
+    node = config
+    *parents, leaf = key.split('.')
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  config.monitor.mode = spec['mode']
+  if spec['fault'] not in ('healthy', 'resume'):
+    config.faults = [{'type': spec['fault'], 'onset_step': spec['onset'],
+                      'strength': faultlib.FAULTS[spec['fault']].strength}]
+  return config
+
+
+def run_one(spec: dict, out_dir: str) -> dict:
+  """Trains one run in this process and returns its record (see tools/faultbench_score.py)."""
+  from rft_jax import runs, trainer  # pylint: disable=g-import-not-at-top
+  from rft_jax.telemetry.sinks import read_jsonl  # pylint: disable=g-import-not-at-top
+  workdir = os.path.join(out_dir, 'runs', spec['name'])
+  shutil.rmtree(workdir, ignore_errors=True)
+  config, t0, error, summary = make_config(spec), time.time(), None, None
+  try:
+    if spec['fault'] == 'resume':   # stop at onset (as a preemption would), then resume
+      first = make_config(spec)
+      first.train.steps = spec['onset']
+      trainer.run(first, workdir)
+    summary = trainer.run(config, workdir)
+  except runs.TrainingError as e:   # e.g. the monitor halted the run: a legitimate outcome
+    error = None
+    summary = {'halted': str(e)}
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    error = f'{type(e).__name__}: {e}'
+  incidents = []
+  path = os.path.join(workdir, 'incidents.jsonl')
+  if os.path.exists(path):
+    with open(path) as f:
+      incidents = [{k: e.get(k) for k in ('step', 'onset_step', 'fault_class', 'signature',
+                                          'severity')}
+                   for e in map(json.loads, f) if e['kind'] == 'incident']
+  rows = read_jsonl(os.path.join(workdir, 'metrics.jsonl'), kind='train') if os.path.exists(
+      os.path.join(workdir, 'metrics.jsonl')) else []
+  family = 'healthy' if spec['fault'] == 'healthy' else faultlib.FAULTS[spec['fault']].family
+  return {**spec, 'family': family, 'incidents': incidents,
+          'steps_done': max((r['step'] for r in rows), default=0),
+          'final_acc': (summary or {}).get('final_greedy_acc'),
+          'halted': (summary or {}).get('halted'), 'error': error,
+          'wall_s': round(time.time() - t0, 1)}
+
+
+def run_all(specs: list[dict], out_dir: str, jobs: int) -> list[dict]:
+  os.makedirs(out_dir, exist_ok=True)
+  path = os.path.join(out_dir, 'results.jsonl')
+  records = []
+  ctx = multiprocessing.get_context('spawn')
+  with open(path, 'w') as f, concurrent.futures.ProcessPoolExecutor(
+      max_workers=jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
+    futures = {pool.submit(run_one, s, out_dir): s for s in specs}
+    for fut in concurrent.futures.as_completed(futures):
+      rec = fut.result()
+      records.append(rec)
+      f.write(json.dumps(rec) + '\n')
+      f.flush()
+      print(f"[{len(records)}/{len(specs)}] {rec['name']}: {len(rec['incidents'])} incident(s)"
+            f" {'(first ' + rec['incidents'][0]['fault_class'] + ' at ' + str(rec['incidents'][0]['step']) + ')' if rec['incidents'] else ''}"
+            f" acc {rec['final_acc']} {rec['wall_s']}s {rec['error'] or ''}", flush=True)
+  for r in records:
+    r['steps'] = r['steps_done'] or r['steps']
+  return records
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--suite', choices=('ci', 'full'), default='ci')
+  ap.add_argument('--jobs', type=int, default=2)
+  ap.add_argument('--seeds', default='1,2')
+  ap.add_argument('--out', default=None)
+  ap.add_argument('--rescore', action='store_true', help='score an existing results.jsonl')
+  args = ap.parse_args(argv)
+  out = args.out or os.path.join('runs', f'faultbench_{args.suite}')
+  from tools import faultbench_report, faultbench_score  # pylint: disable=g-import-not-at-top
+  if args.rescore:
+    with open(os.path.join(out, 'results.jsonl')) as f:
+      records = [json.loads(line) for line in f]
+  else:
+    specs = plan(args.suite, [int(s) for s in args.seeds.split(',')])
+    print(f'FaultBench {args.suite}: {len(specs)} runs, {args.jobs} jobs, out {out}', flush=True)
+    records = run_all(specs, out, args.jobs)
+  scores = faultbench_score.score(records)
+  with open(os.path.join(out, 'score.json'), 'w') as f:
+    json.dump(scores, f, indent=2)
+  report = faultbench_report.write(out, scores, records, command=' '.join(sys.argv))
+  print(report)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
