@@ -1,0 +1,46 @@
+"""`python -m tools.faultbench --suite ci` on real runs: the scoring works on its own results.
+
+Asserts what the benchmark must get right whatever the monitor's quality: every run finishes,
+the exact-invariant fault (mask_shift) is detected after its onset with a credit-assignment
+diagnosis, and the report and score files agree with the per-run records. Headline numbers
+(recall, false alarms) are the benchmark's output, not test assertions.
+"""
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_ci_suite_runs_and_scores_itself(tmp_path):
+  out = str(tmp_path / 'fb')
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
+  proc = subprocess.run([sys.executable, '-m', 'tools.faultbench', '--suite', 'ci', '--jobs',
+                         '2', '--out', out], cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(os.path.join(out, 'results.jsonl')) as f:
+    records = {r['fault']: r for r in map(json.loads, f)}
+  assert set(records) == {'healthy', 'lr_spike', 'mask_shift', 'reward_length',
+                          'lr_schedule_step'}
+  assert all(r['error'] is None for r in records.values()), records
+  assert all(r['steps_done'] == 40 for r in records.values()
+             if not r.get('halted')), records
+  shift = records['mask_shift']
+  after = [i for i in shift['incidents'] if i['step'] >= shift['onset']]
+  assert after and after[0]['step'] == shift['onset']       # an exact invariant: no delay
+  assert after[0]['fault_class'] == 'credit_assignment'
+  assert not [i for i in shift['incidents'] if i['step'] < shift['onset']
+              and i['signature'] == 'prompt_tokens_in_loss']
+  with open(os.path.join(out, 'score.json')) as f:
+    score = json.load(f)
+  rows = {r['fault']: r for r in score['faults']}
+  assert rows['mask_shift']['detected'] == 1 and rows['mask_shift']['delay_median'] == 0
+  assert rows['mask_shift']['top1'] == 1.0
+  flagged = sum(bool([i for i in r['incidents'] if i['step'] >= r['onset']])
+                for k, r in records.items() if k in ('lr_spike', 'mask_shift', 'reward_length'))
+  assert score['overall']['tp'] == flagged
+  report = open(os.path.join(out, 'report.md')).read()
+  assert '| mask_shift | credit | 1 | 1 | 0 |' in report
+  assert os.path.exists(os.path.join(out, 'recall.png'))
