@@ -13,6 +13,7 @@ from rft_jax.data import arith, gsm8k, pipeline
 from rft_jax.models import functional as lm
 from rft_jax.models import hf_checkpoint
 from rft_jax.models.llama import ModelConfig
+from rft_jax.parallel import memory
 from rft_jax.parallel import mesh as meshlib
 from rft_jax.tokenizer import load_tokenizer
 
@@ -74,6 +75,10 @@ def build(config) -> Components:
   if tokenizer.vocab_size > model_cfg.vocab_size:
     raise SetupError(f'config.model.vocab_size={model_cfg.vocab_size} is smaller than the '
                      f'tokenizer vocabulary ({tokenizer.vocab_size}, {tokenizer.path})')
+  try:   # before anything is placed: a clear line instead of a device_put shape error
+    meshlib.check_model_fits_mesh(model_cfg, mesh)
+  except meshlib.MeshError as e:
+    raise SetupError(str(e)) from None
   graphdef, abstract_state = lm.abstract_params(model_cfg)
   shardings = meshlib.param_shardings(abstract_state, mesh)
   if config.init_from:
@@ -99,6 +104,19 @@ def build(config) -> Components:
       mesh=mesh, tokenizer=tokenizer, model_cfg=model_cfg, graphdef=graphdef, params=params,
       param_shardings=shardings,
       train_source=train_source, test_source=test_source)
+
+
+def check_memory(c: Components, config, algo) -> memory.MemoryEstimate:
+  """Raises SetupError (one line) when the run's estimated per-device memory exceeds the device's
+  (rft_jax/parallel/memory.py; no check where the device reports no limit, e.g. CPU). algo: the
+  GRPOConfig (micro-batches, whether a reference policy is kept). Returns the estimate."""
+  est = memory.estimate_run(config, c.model_cfg, c.mesh, microbatches=algo.microbatches,
+                            reference=algo.use_reference)
+  try:
+    memory.check_fits(est)
+  except memory.MemoryBudgetError as e:
+    raise SetupError(str(e)) from None
+  return est
 
 
 # The verifier whose 0/1 score is the held-out accuracy of each task (evaluation.Evaluator).

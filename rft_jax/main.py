@@ -57,6 +57,8 @@ def main(argv: Sequence[str]) -> int:
   if not flags.FLAGS.is_parsed():  # absl.logging warns until the global flags are parsed.
     flags.FLAGS.mark_as_parsed()
   # pylint: disable=g-import-not-at-top
+  from rft_jax.parallel import distributed
+  distributed.initialize_from_env()   # multi-host: JAX_COORDINATOR_ADDRESS etc. (else a no-op)
   from rft_jax import components, runs, trainer
   run = trainer.run
   if config_lib.is_sft(config):

@@ -11,7 +11,10 @@ length with one), H query heads, K key/value heads, G = H // K, D head dim, E hi
 F MLP size, V vocab.
 
 Every parameter carries logical axis names (`vocab`, `embed`, `heads`, `kv_heads`, `mlp`); the
-parallel package maps them onto the ('data', 'fsdp', 'tensor') mesh.
+parallel package maps them onto the ('data', 'fsdp', 'tensor') mesh. Activations are constrained
+by logical name too (rules.constrain; a no-op unless traced under `jax.set_mesh(mesh)`): the
+residual stream [B,T,E] as ('batch', -, -), the MLP hidden [B,T,F] as ('batch', -, 'mlp'), the
+KV cache [B,S,K,D] as ('batch', -, 'kv_heads', -) and the logits [B,T,V] as ('batch', -, 'vocab').
 
 Numerics follow transformers' Llama/Qwen2/Mistral: attention logits scaled by 1/sqrt(D) and
 softmaxed in float32; RMSNorm normalises in float32, casts back to the activation dtype and then
@@ -24,6 +27,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from rft_jax.parallel.rules import constrain
 
 Cache = list[dict[str, jax.Array]]   # one {'k': [B,S,K,D], 'v': [B,S,K,D]} per layer
 
@@ -162,6 +167,8 @@ class Attention(nnx.Module):
                                                cache_index, axis=1)
       v = jax.lax.dynamic_update_slice_in_dim(cache['v'], v.astype(cache['v'].dtype),
                                               cache_index, axis=1)
+      kk = constrain(kk, ('batch', None, 'kv_heads', None))
+      v = constrain(v, ('batch', None, 'kv_heads', None))
       cache = {'k': kk, 'v': v}
     s = kk.shape[1]
     q = q.reshape(b, t, k, h // k, d)
@@ -187,7 +194,8 @@ class MLP(nnx.Module):
     self.down_proj = _dense(rngs, f, e, ('mlp', 'embed'), dtype=dt)
 
   def __call__(self, x):
-    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+    h_btf = constrain(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x), ('batch', None, 'mlp'))
+    return self.down_proj(h_btf)
 
 
 class DecoderLayer(nnx.Module):
@@ -222,10 +230,17 @@ class Transformer(nnx.Module):
 
   def __call__(self, tokens_bt, positions_bt, kv_valid_bs, cache: Cache | None = None,
                cache_index=0):
-    x = self.embed_tokens(tokens_bt)
+    if jax.sharding.get_abstract_mesh().empty:
+      x = self.embed_tokens(tokens_bt)
+    else:   # FSDP: gather the table's E before the lookup (a lookup on E-sharded rows cannot
+      # move to batch-sharded rows without replicating); V stays split over tensor
+      table_ve = constrain(self.embed_tokens.embedding[...], ('vocab', None))
+      x = jnp.take(table_ve, tokens_bt, axis=0).astype(self.cfg.compute_dtype)
+    x = constrain(x, ('batch', None, None))
     new_cache = [] if cache is not None else None
     for i, layer in enumerate(self.layers):
       x, c = layer(x, positions_bt, kv_valid_bs, None if cache is None else cache[i], cache_index)
+      x = constrain(x, ('batch', None, None))
       if cache is not None:
         new_cache.append(c)
     x = self.norm(x)
@@ -233,4 +248,4 @@ class Transformer(nnx.Module):
       logits = self.embed_tokens.attend(x)
     else:
       logits = self.lm_head(x)
-    return logits.astype(jnp.float32), new_cache
+    return constrain(logits.astype(jnp.float32), ('batch', None, 'vocab')), new_cache

@@ -1,8 +1,14 @@
 """Mesh construction and the NamedShardings of params, optimizer state and batches.
 
 Mesh axes are ('data', 'fsdp', 'tensor'). Parameters carry logical axis names (see
-rft_jax/models/llama.py); LOGICAL_RULES maps them to mesh axes. Batches are split over
+rft_jax/models/llama.py); LOGICAL_RULES (rules.py) maps them to mesh axes. Batches are split over
 ('data', 'fsdp') along their leading (row) dimension.
+
+What a mesh (d, f, t) needs of a model, checked by check_model_fits_mesh before anything is
+placed (one-line MeshError naming the number):
+  heads % t == 0, kv_heads % t == 0, intermediate_size % t == 0, vocab_size % t == 0
+  hidden_size % f == 0                          (every 'embed' dimension is split over fsdp)
+and of every batch: rows % (d * f) == 0 (check_batch_fits_mesh).
 """
 import math
 from typing import Any
@@ -13,16 +19,8 @@ import optax
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-MESH_AXES = ('data', 'fsdp', 'tensor')
-BATCH_AXES = ('data', 'fsdp')
-LOGICAL_RULES = {
-    'batch': BATCH_AXES,
-    'vocab': 'tensor',
-    'embed': 'fsdp',
-    'heads': 'tensor',
-    'kv_heads': 'tensor',
-    'mlp': 'tensor',
-}
+from rft_jax.parallel.rules import (  # noqa: F401  (re-exported)
+    BATCH_AXES, LOGICAL_RULES, MESH_AXES, logical_to_mesh)
 
 
 class MeshError(ValueError):
@@ -32,6 +30,9 @@ class MeshError(ValueError):
 def mesh_shape(mesh_cfg: Any, num_devices: int) -> tuple[int, int, int]:
   """Resolves -1 ('the rest') in config.mesh to a concrete (data, fsdp, tensor) shape."""
   sizes = [int(mesh_cfg[a]) for a in MESH_AXES]
+  for a, s in zip(MESH_AXES, sizes):
+    if s == 0 or s < -1:
+      raise MeshError(f'config.mesh.{a}={s}: an axis size is a positive device count or -1')
   known = math.prod(s for s in sizes if s != -1)
   if sizes.count(-1) > 1:
     raise MeshError('config.mesh: at most one axis may be -1')
@@ -42,7 +43,7 @@ def mesh_shape(mesh_cfg: Any, num_devices: int) -> tuple[int, int, int]:
     sizes[sizes.index(-1)] = num_devices // known
   if math.prod(sizes) > num_devices:
     raise MeshError(f'config.mesh={dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices '
-                    f'but only {num_devices} are present')
+                    f'(data*fsdp*tensor) but only {num_devices} are present')
   return tuple(sizes)
 
 
@@ -53,11 +54,6 @@ def make_mesh(mesh_cfg: Any, devices=None) -> Mesh:
   n = math.prod(shape)
   return Mesh(np.asarray(devices[:n]).reshape(shape), MESH_AXES,
               axis_types=(AxisType.Auto,) * len(MESH_AXES))
-
-
-def logical_to_mesh(spec: P) -> P:
-  """P('embed', 'mlp') -> P('fsdp', 'tensor') under LOGICAL_RULES (unknown names replicate)."""
-  return P(*(LOGICAL_RULES.get(name) if name is not None else None for name in spec))
 
 
 def param_shardings(abstract_state: nnx.State, mesh: Mesh) -> dict:
@@ -88,3 +84,39 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def batch_divisor(mesh: Mesh) -> int:
   """Rows of every batch must be a multiple of this (the data x fsdp size)."""
   return mesh.shape['data'] * mesh.shape['fsdp']
+
+
+def _shape_of(mesh) -> tuple[int, int, int]:
+  """A Mesh, or a (data, fsdp, tensor) tuple / dict -> (data, fsdp, tensor)."""
+  if isinstance(mesh, Mesh):
+    return tuple(int(mesh.shape[a]) for a in MESH_AXES)
+  if isinstance(mesh, dict):
+    return tuple(int(mesh[a]) for a in MESH_AXES)
+  return tuple(int(s) for s in mesh)
+
+
+def check_model_fits_mesh(model_cfg, mesh) -> None:
+  """Raises MeshError (one line naming the number) when model_cfg cannot be split over mesh.
+
+  tensor must divide the query heads, the KV heads (no KV-head replication is implemented), the
+  MLP size and the vocabulary; fsdp must divide hidden_size. mesh: a Mesh or (data, fsdp, tensor).
+  """
+  _, fsdp, tensor = _shape_of(mesh)
+  for name, n in (('num_attention_heads', model_cfg.num_attention_heads),
+                  ('num_key_value_heads', model_cfg.num_key_value_heads),
+                  ('intermediate_size', model_cfg.intermediate_size),
+                  ('vocab_size', model_cfg.vocab_size)):
+    if n % tensor:
+      raise MeshError(f'config.mesh.tensor={tensor} does not divide model {name}={n} '
+                      '(tensor parallelism splits it evenly); pick a tensor size that divides it')
+  if model_cfg.hidden_size % fsdp:
+    raise MeshError(f'config.mesh.fsdp={fsdp} does not divide model hidden_size='
+                    f'{model_cfg.hidden_size} (FSDP splits every parameter\'s embed dimension)')
+
+
+def check_batch_fits_mesh(rows: int, mesh, what: str = 'batch rows') -> None:
+  """Raises MeshError unless data*fsdp divides `rows` (batches are split by rows)."""
+  data, fsdp, _ = _shape_of(mesh)
+  if rows % (data * fsdp):
+    raise MeshError(f'{what}={rows} is not divisible by config.mesh data*fsdp={data}*{fsdp}='
+                    f'{data * fsdp} (rows are split over both axes)')

@@ -1,0 +1,170 @@
+"""Per-device memory of a run on a (data, fsdp, tensor) mesh, checked before the first step.
+
+With mesh (d, f, t), n = d * f (batch rows are split n ways), c = bytes of the compute dtype:
+
+  params       sum_p 4 * size(p) / shards(p)   float32; shards(p) is the product of the mesh axes
+               its logical names map to ('embed' -> f; 'vocab', 'heads', 'kv_heads', 'mlp' -> t);
+               data replicates params
+  optimizer    2 * params                      AdamW mu and nu, float32, sharded like the params
+                                               (the step counters are scalars: ignored)
+  reference    params, when the recipe keeps a reference policy (kl_coef > 0 / monitor 'auto')
+  grads        params, x 2 with micro-batches > 1 (the accumulator and one micro-batch's grads)
+  kv_cache     2 * layers * (B / n) * S * (K / t) * D * c
+               B = prompts_per_step * group_size rows, S = max_prompt_len + max_new_tokens;
+               the cache [B, S, K, D] is split as the model constrains it: rows over data * fsdp,
+               KV heads over tensor (llama.py; B / n is rounded up when n does not divide B)
+  activations  an ESTIMATE of what the train step's backward pass keeps (no rematerialisation):
+               b = B / (microbatches * n) rows, L = S tokens, E hidden, F MLP, H, K heads, D, V:
+               layers * b * L * (c * (6E + 3(H + K)D / t + 4F / t) + 12 * (H / t) * L)
+                 + 16 * b * L * V / t
+               per layer: residual / norm / attention-out / MLP-out tensors (6E), q before and
+               after rope, k, v and attention output (3(H + K)D), gate, up, silu, product (4F),
+               float32 scores, softmax and probabilities ([H, L, L]); then float32 logits, their
+               log-softmax, softmax and gradient. XLA fuses some of these and keeps others, so
+               treat it as within a factor ~2.
+
+  peak = params + optimizer + reference + max(kv_cache, grads + activations)
+  (sampling and the train step run one after the other; the KV cache lives only while sampling)
+
+device_memory_bytes() reads jax.devices()[0].memory_stats()['bytes_limit'] (None on CPU, where
+check_fits checks nothing). check_fits raises MemoryBudgetError, one line, when the peak exceeds
+`fraction` of it.
+"""
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rft_jax.models import functional as lm
+from rft_jax.models.llama import ModelConfig
+from rft_jax.parallel.rules import LOGICAL_RULES, MESH_AXES
+
+GIB = 2 ** 30
+
+
+class MemoryBudgetError(ValueError):
+  """The estimated per-device memory exceeds the device's (one-line message)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+  """Per-device bytes of each part (see the module docstring for the formulas)."""
+  params: int
+  optimizer: int
+  reference: int
+  grads: int
+  kv_cache: int
+  activations: int
+
+  @property
+  def persistent(self) -> int:
+    return self.params + self.optimizer + self.reference
+
+  @property
+  def peak(self) -> int:
+    return self.persistent + max(self.kv_cache, self.grads + self.activations)
+
+  def describe(self) -> str:
+    parts = ', '.join(f'{k} {getattr(self, k) / GIB:.2f}' for k in
+                      ('params', 'optimizer', 'reference', 'grads', 'kv_cache', 'activations'))
+    return f'{self.peak / GIB:.2f} GiB per device ({parts} GiB)'
+
+
+def _mesh_sizes(mesh) -> dict:
+  """A Mesh, a {'data', 'fsdp', 'tensor'} dict or a (data, fsdp, tensor) tuple -> dict."""
+  if hasattr(mesh, 'shape') and hasattr(mesh, 'axis_names'):
+    return {a: int(mesh.shape[a]) for a in MESH_AXES}
+  if isinstance(mesh, dict):
+    return {a: int(mesh[a]) for a in MESH_AXES}
+  return dict(zip(MESH_AXES, (int(s) for s in mesh)))
+
+
+def _shards(logical_name, sizes: dict) -> int:
+  axes = LOGICAL_RULES.get(logical_name) if logical_name else None
+  axes = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+  return math.prod(sizes[a] for a in axes)
+
+
+def param_bytes(model_cfg: ModelConfig, mesh) -> int:
+  """Per-device bytes of the float32 params: sum_p 4 * prod_i ceil(shape_i / shards_i)."""
+  sizes = _mesh_sizes(mesh)
+  _, abstract = lm.abstract_params(model_cfg)
+  specs = jax.tree.leaves(nnx.to_pure_dict(nnx.get_partition_spec(abstract)),
+                          is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  shapes = jax.tree.leaves(nnx.to_pure_dict(abstract))
+  total = 0
+  for spec, x in zip(specs, shapes):
+    names = tuple(spec) + (None,) * (len(x.shape) - len(spec))
+    local = [-(-d // _shards(n, sizes)) for d, n in zip(x.shape, names)]
+    total += math.prod(local) * jnp.dtype(x.dtype).itemsize
+  return total
+
+
+def kv_cache_bytes(model_cfg: ModelConfig, mesh, rows: int, seq_len: int) -> int:
+  """2 * layers * ceil(B / n) * S * (K / t) * D * c per device (module docstring)."""
+  s = _mesh_sizes(mesh)
+  b_local = -(-rows // (s['data'] * s['fsdp']))
+  k_local = -(-model_cfg.num_key_value_heads // s['tensor'])
+  c = jnp.dtype(model_cfg.compute_dtype).itemsize
+  return 2 * model_cfg.num_hidden_layers * b_local * seq_len * k_local * model_cfg.head_dim * c
+
+
+def activation_bytes(model_cfg: ModelConfig, mesh, rows: int, seq_len: int,
+                     microbatches: int = 1) -> int:
+  """The train step's activation ESTIMATE per device (formula in the module docstring)."""
+  s = _mesh_sizes(mesh)
+  t = s['tensor']
+  b = -(-rows // (microbatches * s['data'] * s['fsdp']))
+  m, L = model_cfg, seq_len
+  c = jnp.dtype(m.compute_dtype).itemsize
+  per_token = (c * (6 * m.hidden_size + 3 * (m.num_attention_heads + m.num_key_value_heads)
+                    * m.head_dim // t + 4 * m.intermediate_size // t)
+               + 12 * (m.num_attention_heads // t) * L)
+  return m.num_hidden_layers * b * L * per_token + 16 * b * L * (m.vocab_size // t)
+
+
+def estimate(model_cfg: ModelConfig, mesh, *, rows: int, seq_len: int, microbatches: int = 1,
+             reference: bool = False) -> MemoryEstimate:
+  """Per-device MemoryEstimate for B = rows sampled and trained rows of seq_len tokens."""
+  p = param_bytes(model_cfg, mesh)
+  return MemoryEstimate(
+      params=p, optimizer=2 * p, reference=p if reference else 0,
+      grads=p * (2 if microbatches > 1 else 1),
+      kv_cache=kv_cache_bytes(model_cfg, mesh, rows, seq_len),
+      activations=activation_bytes(model_cfg, mesh, rows, seq_len, microbatches))
+
+
+def estimate_run(config, model_cfg: ModelConfig, mesh, *, microbatches: int = 1,
+                 reference: bool = False) -> MemoryEstimate:
+  """estimate() with the recipe's sizes: rows = rollout.prompts_per_step * rollout.group_size,
+  seq_len = task.max_prompt_len + rollout.max_new_tokens."""
+  rows = config.rollout.prompts_per_step * config.rollout.group_size
+  seq_len = config.task.max_prompt_len + config.rollout.max_new_tokens
+  return estimate(model_cfg, mesh, rows=rows, seq_len=seq_len, microbatches=microbatches,
+                  reference=reference)
+
+
+def device_memory_bytes(device=None) -> int | None:
+  """The device's usable bytes (memory_stats()['bytes_limit']), or None where unreported (CPU)."""
+  device = jax.devices()[0] if device is None else device
+  try:
+    stats = device.memory_stats()
+  except Exception:  # pylint: disable=broad-exception-caught  (backends without the call)
+    return None
+  if not stats or 'bytes_limit' not in stats:
+    return None
+  return int(stats['bytes_limit'])
+
+
+def check_fits(est: MemoryEstimate, device_bytes: int | None = None,
+               fraction: float = 0.9) -> None:
+  """Raises MemoryBudgetError when est.peak > fraction * device memory (unknown memory: no-op)."""
+  device_bytes = device_memory_bytes() if device_bytes is None else device_bytes
+  if device_bytes is None or est.peak <= fraction * device_bytes:
+    return
+  raise MemoryBudgetError(
+      f'estimated {est.describe()} exceeds {fraction:.0%} of the device\'s '
+      f'{device_bytes / GIB:.2f} GiB; shard more (config.mesh.fsdp / tensor), raise '
+      'config.algo.microbatches, or lower rollout.prompts_per_step / group_size / max_new_tokens')

@@ -1,0 +1,29 @@
+"""Run by tests/test_parallel.py as 2 processes x 4 CPU devices, configured only by env vars
+(rft_jax.parallel.distributed): build the global (2, 2, 2) mesh, place a row-sharded batch from
+each process's local rows, reduce it under jit. Prints one JSON line."""
+import json
+
+from rft_jax.parallel import distributed
+
+assert distributed.initialize_from_env()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from rft_jax.parallel import mesh as meshlib  # noqa: E402
+
+
+def main():
+  mesh = meshlib.make_mesh({'data': 2, 'fsdp': 2, 'tensor': 2})
+  rows = 16 // jax.process_count()
+  local = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3) + 100 * jax.process_index()
+  batch = jax.make_array_from_process_local_data(meshlib.batch_sharding(mesh), local, (16, 3))
+  total = jax.jit(jnp.sum, out_shardings=meshlib.replicated(mesh))(batch)
+  print(json.dumps({'process': jax.process_index(), 'processes': jax.process_count(),
+                    'devices': jax.device_count(), 'local_devices': jax.local_device_count(),
+                    'sum': float(total)}), flush=True)
+
+
+if __name__ == '__main__':
+  main()
