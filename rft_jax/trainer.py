@@ -32,7 +32,7 @@ from rft_jax.monitor.signatures import SIGNATURES
 from rft_jax.parallel import mesh as meshlib
 from rft_jax.rewards.runner import RewardRunner
 from rft_jax.sampling.sampler import SamplingConfig, make_sampler
-from rft_jax.telemetry import sinks
+from rft_jax.telemetry import flops, sinks
 from rft_jax.telemetry.metrics import completion_diversity
 
 TrainingError = runs.TrainingError
@@ -120,6 +120,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
     raise components.SetupError(
         f'config.algo.score_chunks={algo.score_chunks}: data*fsdp={meshlib.batch_divisor(c.mesh)}'
         f' times it must divide prompts_per_step*group_size={rollout_rows}')
+  components.check_memory(c, config, algo)   # one-line error before an accelerator OOM
   tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
   ref_params = jax.tree.map(jnp.copy, c.params) if algo.use_reference else None
   skipped = (pipeline.BadRecords(f'{config.task.name} train split')
@@ -232,6 +233,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       metrics.update({'time/step_s': t3 - t0, 'time/sample_s': t1 - t0,
                       'time/reward_s': t2 - t1, 'time/train_s': t3 - t2,
                       'throughput/tokens_per_s': gen_tokens / max(t3 - t0, 1e-9)})
+      metrics.update(step_compute(config, c.model_cfg, metrics, meta))
       hooks.on_step(step, metrics)
 
       if mcfg is not None:
@@ -296,6 +298,16 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
                               wall_before + time.time() - t_start)
   summary['incidents'] = sum(e['kind'] == 'incident' for e in incident_log.entries)
   return runs.finish_run(config, workdir, summary, hooks, ckpt)
+
+
+def step_compute(config, model_cfg, metrics: dict, meta: dict) -> dict:
+  """'compute/flops_step' (estimated, rft_jax/telemetry/flops.py; extra DAPO sampling rounds
+  included) and 'compute/flops_cumulative' (kept in the checkpoint's meta across resumes; steps
+  re-run after a remediation rewind count again: that compute was spent)."""
+  f = flops.step_flops_from_config(config, metrics['response/len_mean'], model_cfg)
+  step = f['total'] + (metrics.get('sampling/rounds', 1.0) - 1.0) * f['sampling']
+  meta['flops'] = meta.get('flops', 0.0) + step
+  return {'compute/flops_step': step, 'compute/flops_cumulative': meta['flops']}
 
 
 def check_rewards(rewards, max_invalid_frac: float, step: int, texts) -> None:

@@ -51,7 +51,8 @@ def test_reward_rises_on_an_easy_task(tmp_path):
 
 def test_resume_continues_exactly(tmp_path):
   """Stopping after step 2 and resuming gives the same metrics at steps 3..5 as one run."""
-  keys = ('reward/mean', 'loss', 'kl', 'entropy', 'grad_norm', 'response/len_mean')
+  keys = ('reward/mean', 'loss', 'kl', 'entropy', 'grad_norm', 'response/len_mean',
+          'compute/flops_cumulative')
   full_dir, split_dir = str(tmp_path / 'full'), str(tmp_path / 'split')
   trainer.run(tiny_config(**{'train.steps': 5, 'train.ckpt_every': 2}), full_dir)
   trainer.run(tiny_config(**{'train.steps': 2, 'train.ckpt_every': 2}), split_dir)
@@ -67,6 +68,15 @@ def test_resume_continues_exactly(tmp_path):
     with open(os.path.join(d, 'summary.json')) as f:
       summaries.append(json.load(f))
   assert summaries[1]['steps'] == 5
+  # Compute accounting: the cumulative FLOPs are the running sum of the per-step estimates,
+  # each from the step's own mean completion length.
+  from rft_jax.telemetry import flops  # pylint: disable=g-import-not-at-top
+  per_step = [flops.step_flops_from_config(tiny_config(), full[s]['response/len_mean'])['total']
+              for s in range(1, 6)]
+  np.testing.assert_allclose([full[s]['compute/flops_step'] for s in range(1, 6)], per_step,
+                             rtol=1e-9)
+  np.testing.assert_allclose([full[s]['compute/flops_cumulative'] for s in range(1, 6)],
+                             np.cumsum(per_step), rtol=1e-9)
   for k in ('base_greedy_acc', 'final_greedy_acc', 'final_mean@2_acc'):
     assert summaries[1][k] == summaries[0][k], k
 
