@@ -45,3 +45,59 @@ def mesh():
   m.fsdp = 1
   m.tensor = 1
   return m
+
+
+def optim(lr: float, warmup_steps: int = 10, b2: float = 0.99, weight_decay: float = 0.0):
+  """AdamW with linear warm-up, constant after; gradients clipped at global norm 1."""
+  o = ml_collections.ConfigDict()
+  o.lr = lr
+  o.warmup_steps = warmup_steps
+  o.b1 = 0.9
+  o.b2 = b2
+  o.weight_decay = weight_decay
+  o.grad_clip = 1.0
+  return o
+
+
+def train(steps: int, eval_every: int, ckpt_every: int, keep_checkpoints: int = 2):
+  """The loop's length and cadence. A checkpoint that cannot be written (full disk) stops the
+  run unless at least min_good_checkpoints good ones exist; then training goes on, reported."""
+  t = ml_collections.ConfigDict()
+  t.steps = steps
+  t.eval_every = eval_every
+  t.ckpt_every = ckpt_every
+  t.keep_checkpoints = keep_checkpoints
+  t.min_good_checkpoints = 1
+  return t
+
+
+def evaluation(num_prompts: int = 256, k: int = 8):
+  """Held-out eval: greedy accuracy and mean@k (mean accuracy of k samples at temperature 1)."""
+  e = ml_collections.ConfigDict()
+  e.num_prompts = num_prompts   # the first num_prompts records of the test split
+  e.k = k
+  e.temperature = 1.0
+  return e
+
+
+def monitor(mode: str = 'warn'):
+  """Failure monitor (rft_jax/monitor), updated on device every step from the telemetry.
+  mode: off | warn (report incidents) | halt (stop on a critical one) | auto (restore the last
+  checkpoint before onset, apply one targeted action, undo it if it does not help)."""
+  m = ml_collections.ConfigDict()
+  m.mode = mode
+  m.warmup = 10        # steps used to learn each signal's baseline
+  m.watch_steps = 10   # steps to judge a remediation before undoing it
+  m.lr_factor = 0.1    # 'lower_lr' multiplies the learning rate by this
+  return m
+
+
+def telemetry():
+  """Console, metrics.jsonl, TensorBoard and run.png on; W&B off ('' = no project)."""
+  t = ml_collections.ConfigDict()
+  t.console = True
+  t.jsonl = True
+  t.tensorboard = True
+  t.plot = True
+  t.wandb_project = ''
+  return t

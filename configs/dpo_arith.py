@@ -54,33 +54,15 @@ def get_config(arg: str = ''):
   config.dpo.rpo_alpha = 1.0         # + rpo_alpha * NLL of the chosen answer (RPO); 0 = plain
   config.dpo.microbatches = 1
 
-  config.optim = ml_collections.ConfigDict()
-  config.optim.lr = 3e-5
-  config.optim.warmup_steps = 10
-  config.optim.b1 = 0.9
-  config.optim.b2 = 0.99
-  config.optim.weight_decay = 0.0
-  config.optim.grad_clip = 1.0
+  config.optim = common.optim(3e-5)
 
-  config.train = ml_collections.ConfigDict()
-  config.train.steps = 50            # 50 * 64 = 3.2k pairs, a third of an epoch (see above)
-  config.train.eval_every = 25
-  config.train.ckpt_every = 25
-  config.train.keep_checkpoints = 2
+  config.train = common.train(50, eval_every=25, ckpt_every=25)
 
-  config.eval = ml_collections.ConfigDict()
-  config.eval.num_prompts = 256     # held-out test split (as in grpo_arith)
-  config.eval.k = 8
-  config.eval.temperature = 1.0
+  config.eval = common.evaluation()
 
   config.mesh = common.mesh()
 
-  config.telemetry = ml_collections.ConfigDict()
-  config.telemetry.console = True
-  config.telemetry.jsonl = True
-  config.telemetry.tensorboard = True
-  config.telemetry.plot = True
-  config.telemetry.wandb_project = ''
+  config.telemetry = common.telemetry()
 
   if arg == 'tiny':   # seconds of work: used by tests
     config.dpo.max_pairs = 256

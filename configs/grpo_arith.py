@@ -57,50 +57,21 @@ def get_config(arg: str = ''):
   config.algo.updates_per_batch = 2 # optimiser steps on each rollout batch (>1 exercises clipping)
   config.algo.microbatches = 1
 
-  # Optimiser: AdamW with linear warm-up, constant after.
-  config.optim = ml_collections.ConfigDict()
-  config.optim.lr = 2e-4
-  config.optim.warmup_steps = 10
-  config.optim.b1 = 0.9
-  config.optim.b2 = 0.99
-  config.optim.weight_decay = 0.0
-  config.optim.grad_clip = 1.0
+  config.optim = common.optim(2e-4)
 
   # Loop, eval and checkpoints.
-  config.train = ml_collections.ConfigDict()
-  config.train.steps = 150
-  config.train.eval_every = 50
-  config.train.ckpt_every = 25
-  config.train.keep_checkpoints = 2
-  # A checkpoint that cannot be written (full disk) stops the run unless at least this many
-  # good ones exist; then training goes on and the failure is reported.
-  config.train.min_good_checkpoints = 1
+  config.train = common.train(150, eval_every=50, ckpt_every=25)
 
-  config.eval = ml_collections.ConfigDict()
-  config.eval.num_prompts = 256     # held-out test split
-  config.eval.k = 8                 # mean@k: mean accuracy over k samples per prompt
-  config.eval.temperature = 1.0
+  config.eval = common.evaluation()
 
   config.mesh = common.mesh()
 
-  # Failure monitor (rft_jax/monitor): updated on device every step from the telemetry.
-  # mode: off | warn (report incidents) | halt (stop on a critical one) | auto (restore the last
-  # checkpoint before onset, apply one targeted action, undo it if it does not help).
-  config.monitor = ml_collections.ConfigDict()
-  config.monitor.mode = 'warn'
-  config.monitor.warmup = 10        # steps used to learn each signal's baseline
-  config.monitor.watch_steps = 10   # steps to judge a remediation before undoing it
-  config.monitor.lr_factor = 0.1    # 'lower_lr' multiplies the learning rate by this
+  config.monitor = common.monitor('warn')   # see configs/common.py for the modes
 
   # Fault injection (rft_jax/faults.py), e.g. [dict(type='lr_spike', onset_step=15, strength=50)].
   config.faults = []
 
-  config.telemetry = ml_collections.ConfigDict()
-  config.telemetry.console = True
-  config.telemetry.jsonl = True
-  config.telemetry.tensorboard = True
-  config.telemetry.plot = True
-  config.telemetry.wandb_project = ''   # a W&B project name logs there too (needs `pip install wandb`)
+  config.telemetry = common.telemetry()
 
   if arg == 'tiny':   # a few seconds of work: used by tests
     config.rollout.prompts_per_step = 4

@@ -91,44 +91,21 @@ def get_config(arg: str = ''):
   # 128 rows of 384 + 512 tokens: 16 rows of [896, 151936] logits per micro-batch.
   config.algo.microbatches = 8
 
-  # Optimiser: the small learning rate that full fine-tuning of an instruct model needs.
-  config.optim = ml_collections.ConfigDict()
-  config.optim.lr = 1e-6
-  config.optim.warmup_steps = 10
-  config.optim.b1 = 0.9
-  config.optim.b2 = 0.999
-  config.optim.weight_decay = 0.0
-  config.optim.grad_clip = 1.0
+  # The small learning rate that full fine-tuning of an instruct model needs.
+  config.optim = common.optim(1e-6, b2=0.999)
 
   # Loop, eval and checkpoints: 300 steps * 16 prompts = 4800 questions (~0.65 epoch).
-  config.train = ml_collections.ConfigDict()
-  config.train.steps = 300
-  config.train.eval_every = 50
-  config.train.ckpt_every = 50
-  config.train.keep_checkpoints = 2
-  config.train.min_good_checkpoints = 1
+  config.train = common.train(300, eval_every=50, ckpt_every=50)
 
-  config.eval = ml_collections.ConfigDict()
-  config.eval.num_prompts = 256      # first 256 questions of the test split
-  config.eval.k = 4                  # mean@4 at eval temperature, besides greedy accuracy
-  config.eval.temperature = 1.0
+  config.eval = common.evaluation(k=4)
 
   config.mesh = common.mesh()        # all devices data-parallel; set fsdp for larger models
 
-  config.monitor = ml_collections.ConfigDict()
-  config.monitor.mode = 'warn'
-  config.monitor.warmup = 10
-  config.monitor.watch_steps = 10
-  config.monitor.lr_factor = 0.1
+  config.monitor = common.monitor('warn')   # see configs/common.py for the modes
 
   config.faults = []
 
-  config.telemetry = ml_collections.ConfigDict()
-  config.telemetry.console = True
-  config.telemetry.jsonl = True
-  config.telemetry.tensorboard = True
-  config.telemetry.plot = True
-  config.telemetry.wandb_project = ''
+  config.telemetry = common.telemetry()
 
   if arg == 'tiny':   # a tiny random checkpoint on CPU: the model fields come from the command line
     config.model.dtype = 'float32'

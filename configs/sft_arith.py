@@ -32,33 +32,15 @@ def get_config(arg: str = ''):
   # with an exact verifier should repair. 0.0 = a perfect teacher.
   config.sft.teacher_error_rate = 0.65
 
-  config.optim = ml_collections.ConfigDict()
-  config.optim.lr = 1e-3
-  config.optim.warmup_steps = 50
-  config.optim.b1 = 0.9
-  config.optim.b2 = 0.99
-  config.optim.weight_decay = 0.01
-  config.optim.grad_clip = 1.0
+  config.optim = common.optim(1e-3, warmup_steps=50, weight_decay=0.01)
 
-  config.train = ml_collections.ConfigDict()
-  config.train.steps = 2500
-  config.train.eval_every = 250
-  config.train.ckpt_every = 250
-  config.train.keep_checkpoints = 10
+  config.train = common.train(2500, eval_every=250, ckpt_every=250, keep_checkpoints=10)
 
-  config.eval = ml_collections.ConfigDict()
-  config.eval.num_prompts = 256
-  config.eval.k = 8
-  config.eval.temperature = 1.0
+  config.eval = common.evaluation()
 
   config.mesh = common.mesh()
 
-  config.telemetry = ml_collections.ConfigDict()
-  config.telemetry.console = True
-  config.telemetry.jsonl = True
-  config.telemetry.tensorboard = True
-  config.telemetry.plot = True
-  config.telemetry.wandb_project = ''   # a W&B project name logs there too (needs `pip install wandb`)
+  config.telemetry = common.telemetry()
 
   if arg == 'tiny':
     config.train.steps = 6

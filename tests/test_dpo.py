@@ -27,12 +27,7 @@ def tiny(module=dpo_arith, **overrides):
   config.telemetry.plot = False
   if 'rewards' in config:
     config.rewards.num_workers = 0   # inline scoring: no worker start-up in short tests
-  for key, value in overrides.items():
-    *parents, leaf = key.split('.')
-    node = config
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+  config.update_from_flattened_dict(overrides)   # {'train.steps': 4, ...}
   return config
 
 

@@ -27,21 +27,26 @@ def train_rows(workdir):
   return {r['step']: r for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'), kind='train')}
 
 
-def test_sigterm_checkpoints_exits_75_and_resumes_exactly(tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
-  stopped, full = str(tmp_path / 'stopped'), str(tmp_path / 'full')
-  proc = subprocess.Popen(command(stopped), cwd=REPO, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+def sigterm_after_three_steps(cmd, workdir, env) -> str:
+  """Starts cmd, sends SIGTERM once it has logged 3 steps, checks exit status 75; -> stderr."""
+  proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None:
-    path = os.path.join(stopped, 'metrics.jsonl')
-    if os.path.exists(path) and len(train_rows(stopped)) >= 3:
+    if os.path.exists(os.path.join(workdir, 'metrics.jsonl')) and len(train_rows(workdir)) >= 3:
       break
     time.sleep(0.2)
   assert proc.poll() is None, proc.communicate()
   proc.send_signal(signal.SIGTERM)
   _, err = proc.communicate(timeout=120)
   assert proc.returncode == 75, err
+  return err
+
+
+def test_sigterm_checkpoints_exits_75_and_resumes_exactly(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
+  stopped, full = str(tmp_path / 'stopped'), str(tmp_path / 'full')
+  err = sigterm_after_three_steps(command(stopped), stopped, env)
   assert err.strip().splitlines()[-1].startswith('stopped: SIGTERM at step')
   k = max(train_rows(stopped))
   assert 3 <= k < STEPS
@@ -96,17 +101,7 @@ def test_sigterm_stops_an_sft_run_with_a_checkpoint(tmp_path):
          '--config.train.steps=100000', '--config.train.eval_every=100000',
          '--config.train.ckpt_every=100000', '--config.telemetry.console=False',
          '--config.telemetry.tensorboard=False', '--workdir', workdir]
-  proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
-  deadline = time.time() + 240
-  while time.time() < deadline and proc.poll() is None:
-    if os.path.exists(os.path.join(workdir, 'metrics.jsonl')) and len(train_rows(workdir)) >= 3:
-      break
-    time.sleep(0.2)
-  assert proc.poll() is None, proc.communicate()
-  proc.send_signal(signal.SIGTERM)
-  _, err = proc.communicate(timeout=120)
-  assert proc.returncode == 75, err
+  sigterm_after_three_steps(cmd, workdir, env)
   k = max(train_rows(workdir))
   assert sorted(int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints'))
                 if d.isdigit()) == [k]

@@ -21,12 +21,7 @@ def tiny_config(**overrides):
   config.telemetry.console = False
   config.telemetry.tensorboard = False
   config.rewards.num_workers = 0     # inline scoring: no worker start-up in short tests
-  for key, value in overrides.items():
-    node = config
-    *parents, leaf = key.split('.')
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+  config.update_from_flattened_dict(overrides)   # {'train.steps': 4, ...}
   return config
 
 

@@ -78,13 +78,8 @@ def plan(suite: str, seeds: list[int]) -> list[dict]:
 def make_config(spec: dict):
   from configs import grpo_arith  # pylint: disable=g-import-not-at-top
   config = grpo_arith.get_config()
-  for key, value in {**BENCH_OVERRIDES, 'train.steps': spec['steps'],
-                     'train.eval_every': spec['steps'], 'seed': spec['seed']}.items():
-    node = config
-    *parents, leaf = key.split('.')
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+  config.update_from_flattened_dict({**BENCH_OVERRIDES, 'train.steps': spec['steps'],
+                                     'train.eval_every': spec['steps'], 'seed': spec['seed']})
   config.monitor.mode = spec['mode']
   if spec['fault'] not in ('healthy', 'resume'):
     config.faults = [{'type': spec['fault'], 'onset_step': spec['onset'],
