@@ -1,0 +1,163 @@
+"""What a recipe config may contain: every key with its type, the optional keys and sections, and
+the closed sets of names some keys take; plus ConfigError, the one-line error every check raises,
+and the small lookup helpers the checks share. rft_jax/config.py runs the checks.
+"""
+import difflib
+from typing import Any
+
+import ml_collections
+
+
+class _NameToFloat:
+  """Schema marker for a free mapping of names to float weights (`rewards.weights`)."""
+
+
+NAME_TO_FLOAT = _NameToFloat()
+
+# Every key a recipe may set, with its Python type. A nested dict is a section (a ConfigDict).
+# ints are accepted where a float is expected; a bool is never accepted as an int or float.
+SCHEMA: dict[str, Any] = {
+    'name': str,
+    'seed': int,
+    'init_from': str,   # orbax params dir; '' = random init
+    'task': {'name': str, 'data_dir': str, 'max_prompt_len': int,
+             # Optional (OPTIONAL_KEYS), for tasks read from files and chat models (gsm8k):
+             'manual_dir': str, 'chat_template': bool, 'system_prompt': str,
+             'instruction': str, 'bad_records': str},
+    'tokenizer': {'path': str},   # '' = config.model.path (an HF model dir holds its tokenizer)
+    'model': {
+        'vocab_size': int, 'hidden_size': int, 'intermediate_size': int,
+        'num_hidden_layers': int, 'num_attention_heads': int, 'num_key_value_heads': int,
+        'head_dim': int, 'rope_theta': float, 'rms_norm_eps': float,
+        'tie_word_embeddings': bool, 'attention_bias': bool,
+        'max_position_embeddings': int, 'dtype': str,
+        'path': str,   # optional (OPTIONAL_KEYS): a local HF model dir; see components.model_config
+    },
+    'rollout': {
+        'prompts_per_step': int, 'group_size': int, 'max_new_tokens': int,
+        'temperature': float, 'top_k': int, 'top_p': float,
+    },
+    'rewards': {'weights': NAME_TO_FLOAT, 'timeout_s': float, 'num_workers': int,
+                'max_invalid_frac': float, 'memory_mb': int},
+    'algo': {
+        'advantage': str, 'loss': str, 'loss_agg': str, 'clip_eps': float, 'kl_coef': float,
+        'kl_estimator': str, 'updates_per_batch': int, 'microbatches': int,
+        # Optional (see OPTIONAL_KEYS; defaults in rft_jax/algorithms/grpo.py GRPOConfig):
+        'clip_eps_low': float, 'clip_eps_high': float, 'clip_c': float, 'entropy_coef': float,
+        'kl_in_reward': bool, 'max_len': int,
+        # DAPO extras and mismatch correction (optional; rft_jax/algorithms/corrections.py,
+        # dynamic_sampling.py; score_chunks: grpo.score_logprobs):
+        'dynamic_sampling': bool, 'max_sampling_rounds': int, 'overlong': str,
+        'overlong_cache': int, 'tis_cap': float, 'score_chunks': int,
+    },
+    'sft': {'batch_size': int, 'answer_len': int, 'teacher_error_rate': float},
+    # Direct preference optimisation (rft_jax/dpo_trainer.py). pairs, batch_size, answer_len and
+    # max_pairs are offline-only (OPTIONAL_KEYS): online DPO makes one pair per rollout prompt.
+    'dpo': {'mode': str, 'loss_type': str, 'beta': float, 'label_smoothing': float,
+            'microbatches': int, 'pairs': str, 'batch_size': int, 'answer_len': int,
+            'max_pairs': int, 'rpo_alpha': float},
+    'optim': {
+        'lr': float, 'warmup_steps': int, 'b1': float, 'b2': float,
+        'weight_decay': float, 'grad_clip': float,
+    },
+    'train': {'steps': int, 'eval_every': int, 'ckpt_every': int, 'keep_checkpoints': int,
+              'min_good_checkpoints': int},
+    'eval': {'num_prompts': int, 'k': int, 'temperature': float},
+    'mesh': {'data': int, 'fsdp': int, 'tensor': int},
+    'telemetry': {'console': bool, 'jsonl': bool, 'tensorboard': bool, 'plot': bool,
+                  'wandb_project': str},
+    'monitor': {'mode': str, 'warmup': int, 'watch_steps': int, 'lr_factor': float},
+    'faults': list,   # [{type, onset_step, strength[, duration]}], see rft_jax/faults.py
+}
+
+RL_SECTIONS = ('rollout', 'rewards', 'algo')
+OPTIONAL_SECTIONS = ('monitor', 'faults')
+# Keys a recipe may leave out; code reading them uses config.<section>.get(key, default).
+OPTIONAL_KEYS = frozenset({
+    'model.path',                   # default '' (the model config.model describes)
+    'dpo.pairs', 'dpo.batch_size', 'dpo.answer_len', 'dpo.max_pairs',   # offline DPO only
+    'dpo.rpo_alpha',                # default 0: no NLL term (rft_jax/algorithms/dpo.py)
+    # task options, defaults in rft_jax/data/pipeline.py PromptFormat / rft_jax/components.py:
+    'task.manual_dir', 'task.chat_template', 'task.system_prompt', 'task.instruction',
+    'task.bad_records',             # 'error' (default) or 'skip': see rft_jax/data/pipeline.py
+    'train.min_good_checkpoints',   # default 1: see rft_jax/runs.py save_checkpoint
+    'rewards.memory_mb',            # default 0 (no limit): see rft_jax/rewards/runner.py
+    # algo options (GRPOConfig defaults: clip_eps_low/high = clip_eps, clip_c 0 = no dual-clip,
+    # entropy_coef 0, kl_in_reward False, max_len 0 = rollout.max_new_tokens)
+    'algo.clip_eps_low', 'algo.clip_eps_high', 'algo.clip_c', 'algo.entropy_coef',
+    'algo.kl_in_reward', 'algo.max_len',
+    # dynamic_sampling False, max_sampling_rounds 4, overlong 'none', overlong_cache 0 =
+    # max(1, max_new_tokens // 5), tis_cap 0 = off, score_chunks 0 = algo.microbatches
+    'algo.dynamic_sampling', 'algo.max_sampling_rounds', 'algo.overlong', 'algo.overlong_cache',
+    'algo.tis_cap', 'algo.score_chunks',
+})
+MONITOR_MODES = ('off', 'warn', 'halt', 'auto')
+SFT_SECTIONS = ('sft',)
+DPO_SECTIONS = ('dpo',)
+DPO_MODES = ('offline', 'online')
+DPO_LOSS_TYPES = ('sigmoid', 'ipo', 'hinge')   # = rft_jax.algorithms.dpo.DPO_LOSS_TYPES
+# Offline pair datasets -> the task whose prompts they hold (rft_jax/dpo_trainer.py PAIR_SOURCES).
+DPO_PAIR_SOURCES = {'arith_slips': 'arith'}
+DPO_OFFLINE_KEYS = ('pairs', 'batch_size', 'answer_len', 'max_pairs')
+DTYPES = ('float32', 'bfloat16')
+KL_ESTIMATORS = ('k1', 'k2', 'k3')   # as in rft_jax.algorithms.losses.kl_penalty
+# Advantage estimators that work with fewer than 2 completions per prompt (no group baseline);
+# must match the registry's min_group_size (checked by tests/test_algorithm_suite.py). Kept here
+# so that this check runs without importing JAX.
+GROUP_FREE_ADVANTAGES = ('reinforce_pp',)
+DUAL_CLIP_LOSSES = ('ppo_clip', 'gspo')   # losses that implement algo.clip_c
+OVERLONG_MODES = ('none', 'mask', 'soft')   # as rft_jax/algorithms/corrections.OVERLONG_MODES
+
+
+_NO_VALUE = object()
+
+
+class ConfigError(ValueError):
+  """A config problem. `key` is the dotted path inside the config, e.g. 'rollout.group_size'.
+
+  `str(error)` is one line: 'config.<key>=<value!r>: <reason>' (or 'config.<key>: <reason>'
+  when there is no single value to show).
+  """
+
+  def __init__(self, key: str, reason: str, value: Any = _NO_VALUE):
+    self.key = key
+    self.reason = reason
+    self.value = value
+    if value is _NO_VALUE or isinstance(value, ml_collections.ConfigDict):
+      message = f'config.{key}: {reason}'
+    else:
+      message = f'config.{key}={short_repr(value)}: {reason}'
+    super().__init__(message)
+
+
+# --- Helpers ---------------------------------------------------------------------------------
+
+def lookup(config: ml_collections.ConfigDict, key: str) -> Any:
+  """The value at dotted `key` (e.g. 'rollout.top_p'); KeyError if a part is missing."""
+  value = config
+  for part in key.split('.'):
+    value = value[part]
+  return value
+
+
+def has_key(config: ml_collections.ConfigDict, key: str) -> bool:
+  try:
+    lookup(config, key)
+  except (KeyError, AttributeError):
+    return False
+  return True
+
+
+def did_you_mean(name: str, candidates) -> str:
+  """" (did you mean 'x'?)" for the closest of `candidates` to `name`, or ''."""
+  close = difflib.get_close_matches(name, list(candidates), n=1)
+  return f' (did you mean {close[0]!r}?)' if close else ''
+
+
+def type_name(value: Any) -> str:
+  return type(value).__name__
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+  text = repr(value)
+  return text if len(text) <= limit else text[:limit - 3] + '...'
