@@ -170,10 +170,17 @@ class Checkpointer:
     return gone
 
   def _needed_bytes(self, items: dict) -> int:
+    """Bytes the next checkpoint will take: the size of the latest one on disk (from its
+    manifest, or by walking it when it has none), else the in-memory size of `items`."""
     steps = self.all_steps()
     if steps:
-      with open(os.path.join(self.directory, str(steps[-1]), MANIFEST)) as f:
-        return sum(size for size, _ in json.load(f)['files'].values())
+      step_dir = os.path.join(self.directory, str(steps[-1]))
+      try:
+        with open(os.path.join(step_dir, MANIFEST)) as f:
+          return sum(size for size, _ in json.load(f)['files'].values())
+      except (OSError, ValueError, KeyError):   # unverified checkpoint: no manifest to read
+        return sum(os.path.getsize(os.path.join(root, name))
+                   for root, _, names in os.walk(step_dir) for name in names)
     return tree_nbytes(items)
 
   def save(self, step: int, state: Any, data_state: dict, meta: dict,

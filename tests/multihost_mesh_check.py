@@ -20,9 +20,11 @@ def main():
   local = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3) + 100 * jax.process_index()
   batch = jax.make_array_from_process_local_data(meshlib.batch_sharding(mesh), local, (16, 3))
   total = jax.jit(jnp.sum, out_shardings=meshlib.replicated(mesh))(batch)
-  print(json.dumps({'process': jax.process_index(), 'processes': jax.process_count(),
-                    'devices': jax.device_count(), 'local_devices': jax.local_device_count(),
-                    'sum': float(total)}), flush=True)
+  # Marked: gloo/XLA may print their own lines to stdout in either process.
+  result = {'process': jax.process_index(), 'processes': jax.process_count(),
+            'devices': jax.device_count(), 'local_devices': jax.local_device_count(),
+            'sum': float(total)}
+  print('RESULT ' + json.dumps(result), flush=True)
 
 
 if __name__ == '__main__':

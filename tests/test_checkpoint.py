@@ -182,6 +182,11 @@ def test_a_checkpoint_without_manifest_is_used_and_reported_unverified(tmp_path)
   assert ckpt.problems == ['checkpoint 2 has no manifest: complete per orbax but not verified']
   restored, _, _, _ = ckpt.restore(2, states[1])
   assert_trees_equal(restored, states[2])
+  # The run goes on from it: the next save sizes itself from the unverified checkpoint's files
+  # (a kill between orbax's rename and the manifest once made this save fail).
+  ckpt.save(3, states[2], {'step': 3}, {})
+  assert ckpt.all_steps() == [1, 2, 3]
+  assert checkpoint.verify(os.path.join(d, '3')) is None
   ckpt.close()
 
 

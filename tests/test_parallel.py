@@ -131,7 +131,9 @@ def test_two_processes_from_env_vars_build_one_global_mesh():
   outs = [p.communicate(timeout=120) for p in procs]
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 0, err[-2000:]
-  results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+  # Gloo prints its own lines to stdout; the result is the line marked RESULT.
+  results = [json.loads([line for line in out.splitlines() if 'RESULT ' in line][-1]
+                        .split('RESULT ', 1)[1]) for out, _ in outs]
   # rows of process 0: 0..23; of process 1: 100 + 0..23  ->  2 * 276 + 24 * 100
   expected = 2 * sum(range(24)) + 24 * 100
   for i, r in enumerate(results):
