@@ -27,6 +27,7 @@ shared storage, as orbax requires).
 
 Standalone parameter directories (the shipped base policy, `init_from`) hold just the params.
 """
+import dataclasses
 import json
 import os
 import shutil
@@ -36,8 +37,12 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 MANIFEST = 'rft_manifest.json'
+# TrainState fields that may be started afresh when a checkpoint's copy no longer fits (the
+# failure monitor's running statistics: it re-learns them in its warm-up).
+RESETTABLE_FIELDS = ('monitor',)
 _DISK_MARGIN = 1.2          # free space needed = margin * expected checkpoint size
 
 
@@ -196,7 +201,8 @@ class Checkpointer:
     if free < need:
       raise CheckpointSaveError(f'{free / 2**20:.0f} MiB free in {self.directory}, a '
                                 f'checkpoint needs about {need / 2**20:.0f} MiB')
-    args = {'state': ocp.args.StandardSave(state), 'data': ocp.args.JsonSave(data_state),
+    args = {'state': ocp.args.PyTreeSave(state),   # restored by field: _restore_state
+            'data': ocp.args.JsonSave(data_state),
             'meta': ocp.args.JsonSave({**meta, 'has_reference': reference is not None})}
     if reference is not None:
       args['reference'] = ocp.args.StandardSave(reference)
@@ -231,13 +237,62 @@ class Checkpointer:
     `like_state` (and `like_reference`, for a checkpoint that holds a reset reference)."""
     meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
     has_reference = meta['meta'].get('has_reference', False) and like_reference is not None
-    args = {'state': ocp.args.StandardRestore(_abstract(like_state, shardings)),
-            'data': ocp.args.JsonRestore(), 'meta': ocp.args.JsonRestore()}
+    state = self._restore_state(step, like_state, shardings)
+    args = {'data': ocp.args.JsonRestore(), 'meta': ocp.args.JsonRestore()}
     if has_reference:
       args['reference'] = ocp.args.StandardRestore(_abstract(like_reference, reference_shardings))
     out = self._manager.restore(step, args=ocp.args.Composite(**args))
     meta = {k: v for k, v in out['meta'].items() if k != 'has_reference'}
-    return out['state'], out['data'], meta, out['reference'] if has_reference else None
+    return state, out['data'], meta, out['reference'] if has_reference else None
+
+  def _restore_state(self, step: int, like_state: Any, shardings: Any) -> Any:
+    """The train state, restored field by field (for a dataclass like TrainState).
+
+    A checkpoint from an older rft_jax may lack a field this version has (e.g. PPO's critic,
+    added later): it keeps its value in `like_state`. A field in RESETTABLE_FIELDS whose saved
+    layout no longer fits (the monitor's statistics when signals were added) is reset the same
+    way. Both are reported in `problems`; params, optimizer state and step always come back
+    exactly, or the restore fails.
+    """
+    if not dataclasses.is_dataclass(like_state):
+      args = ocp.args.StandardRestore(_abstract(like_state, shardings))
+      return self._manager.restore(step, args=ocp.args.Composite(state=args))['state']
+    saved = ocp.PyTreeCheckpointHandler().metadata(
+        epath.Path(self.directory) / str(step) / 'state')
+    names = [f.name for f in dataclasses.fields(like_state)
+             if getattr(like_state, f.name) is not None]
+    # A field absent from the checkpoint, or saved as None (no arrays), is missing there.
+    holds = lambda n: n in saved and any(hasattr(x, 'shape') for x in jax.tree.leaves(saved[n]))
+    wanted = [n for n in names if holds(n)]
+    shapes = lambda tree: sorted(tuple(x.shape) for x in jax.tree.leaves(tree))
+    misfits = [n for n in wanted if n in RESETTABLE_FIELDS
+               and shapes(saved[n]) != shapes(getattr(like_state, n))]
+    why = 'array shapes differ'
+    attempts = [[n for n in wanted if n not in misfits],
+                [n for n in wanted if n not in RESETTABLE_FIELDS]]
+    for i, fields in enumerate(attempts):
+      target = {n: _abstract(getattr(like_state, n),
+                             None if shardings is None else getattr(shardings, n))
+                for n in fields}
+      args = ocp.args.PyTreeRestore(
+          item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+          partial_restore=True)   # fields saved but not wanted (None here) are skipped
+      try:
+        restored = self._manager.restore(step, args=ocp.args.Composite(state=args))['state']
+        break
+      except ValueError as e:
+        if i == 1 or attempts[1] == attempts[0]:
+          raise
+        why = str(e).splitlines()[0]
+    missing = [n for n in names if not holds(n)]
+    if missing:
+      self.problems.append(f'checkpoint {step} has no {", ".join(missing)} state (written by an '
+                           'older rft_jax): starting it afresh')
+    reset = [n for n in wanted if n not in fields]
+    if reset:
+      self.problems.append(f'checkpoint {step}: the saved {", ".join(reset)} state does not fit '
+                           f'this version ({why}); starting it afresh')
+    return like_state.replace(**restored)
 
   def close(self) -> None:
     self._manager.close()

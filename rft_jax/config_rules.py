@@ -10,9 +10,9 @@ from typing import Any, Callable
 import ml_collections
 
 from rft_jax.config_schema import (
-    DPO_LOSS_TYPES, DPO_MODES, DPO_OFFLINE_KEYS, DPO_PAIR_SOURCES, DTYPES, DUAL_CLIP_LOSSES,
-    GROUP_FREE_ADVANTAGES, KL_ESTIMATORS, OVERLONG_MODES, SCHEMA, ConfigError, did_you_mean,
-    lookup)
+    CRITIC_ADVANTAGES, CRITIC_MODES, DPO_LOSS_TYPES, DPO_MODES, DPO_OFFLINE_KEYS,
+    DPO_PAIR_SOURCES, DTYPES, DUAL_CLIP_LOSSES, GROUP_FREE_ADVANTAGES, KL_CTRLS, KL_ESTIMATORS,
+    OVERLONG_MODES, SCHEMA, ConfigError, did_you_mean, lookup)
 
 
 def is_online_dpo(config: ml_collections.ConfigDict) -> bool:
@@ -33,6 +33,8 @@ def _above(key: str, low: float) -> Rule:
   return (key, lambda v: v > low, f'must be > {low}')
 
 
+REMAT = ('none', 'full', 'dots', 'dots_no_batch')   # rft_jax/models/llama.py REMAT_POLICIES
+
 COMMON_RULES: list[Rule] = [
     ('name', lambda v: bool(v.strip()), 'must be a non-empty name (it names the workdir)'),
     _at_least('task.max_prompt_len', 1),
@@ -42,6 +44,7 @@ COMMON_RULES: list[Rule] = [
     _above('model.rope_theta', 0),
     _above('model.rms_norm_eps', 0),
     ('model.dtype', lambda v: v in DTYPES, f'must be one of {", ".join(map(repr, DTYPES))}'),
+    ('model.remat', lambda v: v in REMAT, f'must be one of {", ".join(map(repr, REMAT))}'),
     _above('optim.lr', 0),
     _at_least('optim.warmup_steps', 0),
     ('optim.b1', lambda v: 0 <= v < 1, 'must be in [0, 1)'),
@@ -93,6 +96,25 @@ RL_RULES: list[Rule] = [
     ('algo.tis_cap', lambda v: v == 0 or v >= 1,
      'truncated importance sampling cap must be >= 1 (e.g. 2), or 0 for off'),
     ('algo.score_chunks', lambda v: v >= 0, 'must be >= 0 (0 = algo.microbatches)'),
+    ('algo.kl_ctrl', lambda v: v in KL_CTRLS, f'must be one of {", ".join(map(repr, KL_CTRLS))}'),
+    _above('algo.kl_target', 0),
+    _above('algo.kl_horizon', 0),
+    ('algo.critic', lambda v: v in CRITIC_MODES,
+     f'must be one of {", ".join(map(repr, CRITIC_MODES))}'),
+    ('algo.gamma', lambda v: 0 <= v <= 1, 'must be in [0, 1]'),
+    ('algo.lam', lambda v: 0 <= v <= 1, 'must be in [0, 1]'),
+    _at_least('algo.vf_coef', 0),
+    _at_least('algo.vf_clip', 0),
+    _at_least('algo.critic_lr', 0),
+    _at_least('algo.minibatches', 1),
+    # Live scaling fit (rft_jax/scaling/live.py LiveConfig checks the same ranges).
+    ('scaling.live_every', lambda v: v >= 0, 'must be >= 0 (fit every k-th eval; 0 = off)'),
+    ('scaling.model', lambda v: v in ('sigmoid', 'power_law'),
+     "must be 'sigmoid' or 'power_law'"),
+    ('scaling.exclude_first', lambda v: 0 <= v < 1, 'must be in [0, 1)'),
+    _at_least('scaling.n_boot', 20),
+    _at_least('scaling.anomaly_sd', 0),
+    _at_least('scaling.anomaly_min_drop', 0),
 ]
 
 SFT_RULES: list[Rule] = [
@@ -125,7 +147,9 @@ def check_mesh(config: ml_collections.ConfigDict) -> None:
 def _check_algo(config: ml_collections.ConfigDict) -> None:
   """Algorithm choices that do not fit together (no JAX import: names are checked later)."""
   rollout, algo = config.rollout, config.algo
-  if rollout.group_size < 2 and algo.advantage not in GROUP_FREE_ADVANTAGES:
+  _check_critic(algo)
+  group_free = GROUP_FREE_ADVANTAGES + CRITIC_ADVANTAGES   # a critic needs no group baseline
+  if rollout.group_size < 2 and algo.advantage not in group_free:
     reason = 'GRPO needs at least 2 completions per prompt'
     if algo.advantage != 'grpo':
       reason += (f' (algo.advantage={algo.advantage!r} uses a group baseline; with 1 use '
@@ -134,6 +158,27 @@ def _check_algo(config: ml_collections.ConfigDict) -> None:
   if algo.get('clip_c', 0) and algo.loss not in DUAL_CLIP_LOSSES:
     raise ConfigError('algo.clip_c', f'dual-clip applies to the {" and ".join(DUAL_CLIP_LOSSES)} '
                       f'losses, not algo.loss={algo.loss!r}; set it to 0', algo.clip_c)
+
+
+def _check_critic(algo: ml_collections.ConfigDict) -> None:
+  """PPO (a critic-based advantage) needs a critic; the critic's keys need PPO; adaptive KL
+  needs a coefficient to adapt."""
+  critic, ppo = algo.get('critic', 'none'), algo.advantage in CRITIC_ADVANTAGES
+  if ppo and critic == 'none':
+    raise ConfigError('algo.critic', f'algo.advantage={algo.advantage!r} (PPO) needs a value '
+                      "model: set 'shared' (a value head on the policy backbone) or 'separate' "
+                      '(a second model)', critic)
+  if not ppo:
+    if critic != 'none':
+      raise ConfigError('algo.critic', f'a critic is only used by algo.advantage in '
+                        f'{CRITIC_ADVANTAGES} (PPO), not {algo.advantage!r}; remove it', critic)
+    for key in ('gamma', 'lam', 'vf_coef', 'vf_clip', 'critic_lr', 'minibatches', 'adv_whiten'):
+      if key in algo:
+        raise ConfigError(f'algo.{key}', "a PPO setting: it needs algo.advantage='gae' and a "
+                          'critic; remove it', algo[key])
+  if algo.get('kl_ctrl', 'fixed') == 'adaptive' and not algo.kl_coef:
+    raise ConfigError('algo.kl_ctrl', 'the adaptive controller adapts algo.kl_coef, which is 0: '
+                      'set algo.kl_coef > 0 (the initial coefficient)', 'adaptive')
 
 
 def check_rollout(config: ml_collections.ConfigDict) -> None:
@@ -145,6 +190,12 @@ def check_rollout(config: ml_collections.ConfigDict) -> None:
         'algo.microbatches',
         f'must divide the rollout batch rollout.prompts_per_step * rollout.group_size = '
         f'{rollout.prompts_per_step} * {rollout.group_size} = {batch}', algo.microbatches)
+  minibatches = algo.get('minibatches', 1)
+  if batch % (minibatches * algo.microbatches):
+    raise ConfigError(
+        'algo.minibatches', f'algo.minibatches * algo.microbatches = {minibatches} * '
+        f'{algo.microbatches} must divide the rollout batch rollout.prompts_per_step * '
+        f'rollout.group_size = {batch}', minibatches)
   _check_fits(config, 'rollout.max_new_tokens')
   _check_dapo_extras(config)
 

@@ -32,6 +32,7 @@ SCHEMA: dict[str, Any] = {
         'tie_word_embeddings': bool, 'attention_bias': bool,
         'max_position_embeddings': int, 'dtype': str,
         'path': str,   # optional (OPTIONAL_KEYS): a local HF model dir; see components.model_config
+        'remat': str,  # optional: 'none' (default) | 'full' | 'dots' | 'dots_no_batch'
     },
     'rollout': {
         'prompts_per_step': int, 'group_size': int, 'max_new_tokens': int,
@@ -49,6 +50,11 @@ SCHEMA: dict[str, Any] = {
         # dynamic_sampling.py; score_chunks: grpo.score_logprobs):
         'dynamic_sampling': bool, 'max_sampling_rounds': int, 'overlong': str,
         'overlong_cache': int, 'tis_cap': float, 'score_chunks': int,
+        # KL coefficient control (optional; rft_jax/algorithms/kl_control.py):
+        'kl_ctrl': str, 'kl_target': float, 'kl_horizon': float,
+        # PPO with a critic (optional; advantage 'gae'; rft_jax/algorithms/ppo.py PPOConfig):
+        'critic': str, 'gamma': float, 'lam': float, 'vf_coef': float, 'vf_clip': float,
+        'critic_lr': float, 'minibatches': int, 'adv_whiten': bool,
     },
     'sft': {'batch_size': int, 'answer_len': int, 'teacher_error_rate': float},
     # Direct preference optimisation (rft_jax/dpo_trainer.py). pairs, batch_size, answer_len and
@@ -68,13 +74,17 @@ SCHEMA: dict[str, Any] = {
                   'wandb_project': str},
     'monitor': {'mode': str, 'warmup': int, 'watch_steps': int, 'lr_factor': float},
     'faults': list,   # [{type, onset_step, strength[, duration]}], see rft_jax/faults.py
+    # Live scaling fit after held-out evals (rft_jax/scaling/live.py); every key optional.
+    'scaling': {'live_every': int, 'model': str, 'exclude_first': float, 'n_boot': int,
+                'anomaly_sd': float, 'anomaly_min_drop': float},
 }
 
 RL_SECTIONS = ('rollout', 'rewards', 'algo')
-OPTIONAL_SECTIONS = ('monitor', 'faults')
+OPTIONAL_SECTIONS = ('monitor', 'faults', 'scaling')
 # Keys a recipe may leave out; code reading them uses config.<section>.get(key, default).
 OPTIONAL_KEYS = frozenset({
     'model.path',                   # default '' (the model config.model describes)
+    'model.remat',                  # default 'none': see rft_jax/models/llama.py ModelConfig
     'dpo.pairs', 'dpo.batch_size', 'dpo.answer_len', 'dpo.max_pairs',   # offline DPO only
     'dpo.rpo_alpha',                # default 0: no NLL term (rft_jax/algorithms/dpo.py)
     # task options, defaults in rft_jax/data/pipeline.py PromptFormat / rft_jax/components.py:
@@ -90,6 +100,16 @@ OPTIONAL_KEYS = frozenset({
     # max(1, max_new_tokens // 5), tis_cap 0 = off, score_chunks 0 = algo.microbatches
     'algo.dynamic_sampling', 'algo.max_sampling_rounds', 'algo.overlong', 'algo.overlong_cache',
     'algo.tis_cap', 'algo.score_chunks',
+    # kl_ctrl 'fixed', kl_target 0.1, kl_horizon 10000; PPO: critic 'none' (PPOConfig: 'shared'),
+    # gamma 1, lam 0.95, vf_coef 0.5, vf_clip 0.2, critic_lr 0 = optim.lr, minibatches 1,
+    # adv_whiten True
+    'algo.kl_ctrl', 'algo.kl_target', 'algo.kl_horizon', 'algo.critic', 'algo.gamma',
+    'algo.lam', 'algo.vf_coef', 'algo.vf_clip', 'algo.critic_lr', 'algo.minibatches',
+    'algo.adv_whiten',
+    # live_every 0 (off), model 'sigmoid', exclude_first 0.1, n_boot 200, anomaly_sd 3.0,
+    # anomaly_min_drop 0.05: rft_jax/scaling/live.py LiveConfig
+    'scaling.live_every', 'scaling.model', 'scaling.exclude_first', 'scaling.n_boot',
+    'scaling.anomaly_sd', 'scaling.anomaly_min_drop',
 })
 MONITOR_MODES = ('off', 'warn', 'halt', 'auto')
 SFT_SECTIONS = ('sft',)
@@ -107,6 +127,11 @@ KL_ESTIMATORS = ('k1', 'k2', 'k3')   # as in rft_jax.algorithms.losses.kl_penalt
 GROUP_FREE_ADVANTAGES = ('reinforce_pp',)
 DUAL_CLIP_LOSSES = ('ppo_clip', 'gspo')   # losses that implement algo.clip_c
 OVERLONG_MODES = ('none', 'mask', 'soft')   # as rft_jax/algorithms/corrections.OVERLONG_MODES
+KL_CTRLS = ('fixed', 'adaptive')   # as rft_jax/algorithms/kl_control.KL_CTRLS
+# Advantage estimators that need a critic (not registry entries: they read values, not just
+# rewards): rft_jax/algorithms/ppo.py CRITIC_ADVANTAGES; and the critic layouts (critic.py).
+CRITIC_ADVANTAGES = ('gae',)
+CRITIC_MODES = ('none', 'shared', 'separate')
 
 
 _NO_VALUE = object()

@@ -8,6 +8,7 @@ GSM8K: see components.TASK_VERIFIERS).
 import jax
 import numpy as np
 
+from rft_jax.parallel import hostdata
 from rft_jax.rewards.runner import RewardRunner
 from rft_jax.sampling.sampler import SamplingConfig, make_sampler
 from rft_jax.sampling.text import decode_completions
@@ -31,7 +32,8 @@ class Evaluator:
     self._score = RewardRunner({self._verifier: 1.0}, num_workers=0)
 
   def _correct(self, rollout, answers) -> np.ndarray:
-    texts = decode_completions(self._tokenizer, rollout.tokens_bt, rollout.mask_bt)
+    texts = decode_completions(self._tokenizer, hostdata.to_host(rollout.tokens_bt),
+                               hostdata.to_host(rollout.mask_bt))
     result = self._score(texts, answers)
     return np.where(result.valid, result.per_verifier[self._verifier], 0.0)
 
@@ -46,5 +48,6 @@ class Evaluator:
   def samples(self, params, n: int = 4) -> list[tuple[str, str, str]]:
     """(prompt, greedy completion, answer) for the first n eval prompts, for logs and notebooks."""
     r = self._greedy(params, self._batch['prompt_tokens'], self._batch['prompt_mask'], self._rng)
-    texts = decode_completions(self._tokenizer, r.tokens_bt, r.mask_bt)
+    texts = decode_completions(self._tokenizer, hostdata.to_host(r.tokens_bt),
+                               hostdata.to_host(r.mask_bt))
     return [(str(self._batch['prompt'][i]), texts[i], self._answers[i]) for i in range(n)]

@@ -20,6 +20,7 @@ from jax.experimental import multihost_utils
 from rft_jax import runs
 from rft_jax.algorithms import corrections
 from rft_jax.algorithms import dynamic_sampling as ds
+from rft_jax.parallel import hostdata
 from rft_jax.rewards.runner import RewardResult
 from rft_jax.sampling.text import decode_completions
 
@@ -45,6 +46,22 @@ class StepRollout:
   reward_s: float
 
 
+def score_rows(runner, texts: list, answers: list) -> RewardResult:
+  """Scores completions; with several processes each scores its own rows
+  (hostdata.process_rows) and the global result is gathered onto every process.
+  error_messages are this process's (the first message of each failing verifier among its rows)."""
+  if jax.process_count() == 1:
+    return runner(texts, answers)
+  rows = hostdata.process_rows(len(texts))
+  local = runner(texts[rows], answers[rows])
+  stuck = hostdata.sum_counts({'stuck': local.stuck_chunks})['stuck']
+  return RewardResult(
+      total=hostdata.gather_rows(local.total), valid=hostdata.gather_rows(local.valid),
+      per_verifier={k: hostdata.gather_rows(v) for k, v in local.per_verifier.items()},
+      errors=hostdata.sum_counts(local.errors), timeouts=hostdata.sum_counts(local.timeouts),
+      error_messages=local.error_messages, stuck_chunks=stuck)
+
+
 def _any_process(short: bool) -> bool:
   if jax.process_count() == 1:
     return short
@@ -56,16 +73,20 @@ class RolloutStage:
 
   sampler(temperature) returns the jitted group sampler; check(rewards, step, texts) raises
   when a batch is too badly scored (trainer.check_rewards); on_message reports to the sinks.
+  place_prompts(host array) -> device array: where the prompt batch goes (the trainer shards
+  it over data x fsdp so that sampling is split like the train step's batch). data_it yields
+  the global prompt batch, the same on every process (rft_jax/parallel/hostdata.py).
   """
 
   def __init__(self, config, algo, data_it, tokenizer, runner, sampler: Callable,
                check: Callable, on_message: Callable, skipped=None, injector=None,
-               hard_it=None):
+               hard_it=None, place_prompts: Callable = lambda x: x):
     self.config, self.algo, self.data_it = config, algo, data_it
     self.tokenizer, self.runner, self.sampler = tokenizer, runner, sampler
     self.check, self.on_message, self.skipped = check, on_message, skipped
     self.injector, self.hard_it = injector, hard_it   # FaultBench (rft_jax/faults.py)
     self.group_size = config.rollout.group_size
+    self.place_prompts = place_prompts
     self.limit_reported = False
 
   def _round(self, params, step: int, round_: int, temperature: float):
@@ -83,25 +104,28 @@ class RolloutStage:
     if faulty:
       temperature, max_new, ignore_eos = self.injector.sampling(step, temperature, max_new)
     sample = self.sampler(temperature, max_new, ignore_eos) if faulty else self.sampler(temperature)
-    rollout = sample(params, prompts['prompt_tokens'], prompts['prompt_mask'],
+    rollout = sample(params, self.place_prompts(prompts['prompt_tokens']),
+                     self.place_prompts(prompts['prompt_mask']),
                      round_rng(self.config.seed, step, round_))
-    texts = decode_completions(self.tokenizer, rollout.tokens_bt, rollout.mask_bt)
+    host = jax.tree.map(hostdata.to_host, rollout)   # the global rollout, on every process
+    texts = decode_completions(self.tokenizer, host.tokens_bt, host.mask_bt)
     t = time.time()
     answers = list(np.repeat(prompts['answer'], self.group_size))
     if faulty:
       answers = self.injector.answers(step, np.repeat(prompts['id'], self.group_size), answers)
-    rewards = self.runner(texts, answers)
+    rewards = score_rows(self.runner, texts, answers)
     if faulty:
       rewards = self.injector.rewards(step, rewards, texts, self.config.rewards.weights, max_new)
     self.check(rewards, step, texts)
     reward_s = time.time() - t
     total = rewards.total
     if self.algo.overlong == 'soft':
-      pen = corrections.overlong_penalty(np.asarray(rollout.lengths_b),
+      pen = corrections.overlong_penalty(host.lengths_b,
                                          self.config.rollout.max_new_tokens,
                                          self.algo.overlong_cache)
       total = np.where(rewards.valid, total + pen, 0.0).astype(np.float32)
-    return {'rollout': rollout, 'total': total, 'rewards': rewards, 'texts': texts}, reward_s
+    return {'rollout': rollout, 'host': host, 'total': total, 'rewards': rewards,
+            'texts': texts}, reward_s
 
   def __call__(self, params, step: int, temperature: float) -> StepRollout:
     reward_s = [0.0]
@@ -115,7 +139,7 @@ class RolloutStage:
     if not self.algo.dynamic_sampling:
       p, _ = draw(0)
       out = StepRollout(p['rollout'], p['total'], p['rewards'].valid, p['rewards'], p['texts'],
-                        {}, float(np.asarray(p['rollout'].mask_bt).sum()), reward_s[0])
+                        {}, float(p['host'].mask_bt.sum()), reward_s[0])
     else:
       out = self._dynamic(draw, step, reward_s)
     if self.algo.overlong == 'soft':
@@ -127,7 +151,7 @@ class RolloutStage:
     got = ds.collect(draw, num_groups=self.config.rollout.prompts_per_step,
                      max_rounds=self.algo.max_sampling_rounds, agree_short=_any_process)
     g = self.group_size
-    rows = ds.gather_groups([{'rollout': p['rollout'], 'total': p['total'],
+    rows = ds.gather_groups([{'rollout': p['host'], 'total': p['total'],
                               'raw_total': p['rewards'].total, 'valid': p['rewards'].valid,
                               'per_verifier': p['rewards'].per_verifier,
                               'texts': np.asarray(p['texts'], object)} for p in got.payloads],
@@ -143,6 +167,6 @@ class RolloutStage:
       self.on_message(f'dynamic sampling: step {step} hit algo.max_sampling_rounds='
                       f'{self.algo.max_sampling_rounds} with {got.padded} uninformative '
                       'group(s) padding the batch (counted in sampling/padded_groups from now on)')
-    gen_tokens = float(sum(np.asarray(p['rollout'].mask_bt).sum() for p in got.payloads))
+    gen_tokens = float(sum(p['host'].mask_bt.sum() for p in got.payloads))
     return StepRollout(jax.tree.map(np.asarray, rows['rollout']), rows['total'], rows['valid'],
                        rewards, list(rows['texts']), got.metrics(g), gen_tokens, reward_s[0])

@@ -121,14 +121,18 @@ def make_summary(config, base_eval: dict, final_eval: dict, steps: int, wall_s: 
 
 
 def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra=(),
-             console_keys=sinks.DEFAULT_CONSOLE_KEYS, controls=None, monitor=None):
+             console_keys=sinks.DEFAULT_CONSOLE_KEYS, controls=None, monitor=None, extra=None):
   """Creates or resumes a run -> (state, state shardings, checkpointer, meta, hooks, start step).
 
   Resuming restores the train state onto this mesh, the data iterator and the run metadata from
   the latest checkpoint; metrics logged after that checkpoint are dropped from metrics.jsonl.
+  extra: (fields, shardings), two dicts of further TrainState fields (e.g. PPO's critic, the
+  adaptive KL state: rft_jax/algorithms/ppo.py extra_state), already placed; checkpointed too.
   """
   shardings = state_shardings(c, tx, controls, monitor)
   state = init_state(c.params, tx, shardings, controls, monitor)
+  if extra is not None:
+    shardings, state = shardings.replace(**extra[1]), state.replace(**extra[0])
   ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'), keep=config.train.keep_checkpoints)
   meta, start, reference = {}, 0, None
   while ckpt.latest_step():   # newest first; one that fails to restore is set aside
@@ -143,12 +147,12 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
       continue
     data_it.set_state(data_state)
     break
-  hooks = sinks.make_sinks(workdir, console=config.telemetry.console,
-                           jsonl=config.telemetry.jsonl, tensorboard=config.telemetry.tensorboard,
-                           total_steps=config.train.steps, resume_step=start,
-                           console_keys=console_keys,
-                           wandb_project=config.telemetry.get('wandb_project', ''),
-                           run_name=config.name)
+  primary = jax.process_index() == 0   # with several processes only process 0 logs
+  hooks = sinks.HookList() if not primary else sinks.make_sinks(
+      workdir, console=config.telemetry.console, jsonl=config.telemetry.jsonl,
+      tensorboard=config.telemetry.tensorboard, total_steps=config.train.steps,
+      resume_step=start, console_keys=console_keys,
+      wandb_project=config.telemetry.get('wandb_project', ''), run_name=config.name)
   for h in hooks_extra:
     hooks.append(h)
   for problem in ckpt.problems:   # corrupt or partial checkpoints: reported, never loaded
@@ -199,9 +203,11 @@ def finish_complete_run(config, workdir, opened) -> dict:
 
 
 def finish_run(config, workdir, summary, hooks, ckpt, plot=True) -> dict:
-  """Writes summary.json and the plot, closes sinks and checkpointer."""
-  write_summary(workdir, summary)
-  if plot and config.telemetry.plot and config.telemetry.jsonl:
+  """Writes summary.json and the plot (process 0), closes sinks and checkpointer."""
+  primary = jax.process_index() == 0
+  if primary:
+    write_summary(workdir, summary)
+  if primary and plot and config.telemetry.plot and config.telemetry.jsonl:
     plot_run(os.path.join(workdir, 'metrics.jsonl'), os.path.join(workdir, 'run.png'),
              title=config.name)
   hooks.on_end(summary)

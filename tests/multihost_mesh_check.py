@@ -1,6 +1,7 @@
 """Run by tests/test_parallel.py as 2 processes x 4 CPU devices, configured only by env vars
 (rft_jax.parallel.distributed): build the global (2, 2, 2) mesh, place a row-sharded batch from
-each process's local rows, reduce it under jit. Prints one JSON line."""
+each process's local rows, reduce it under jit; then the host<->device helpers of
+rft_jax/parallel/hostdata.py on arrays no single process holds. Prints one marked JSON line."""
 import json
 
 from rft_jax.parallel import distributed
@@ -11,6 +12,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from rft_jax.parallel import hostdata  # noqa: E402
 from rft_jax.parallel import mesh as meshlib  # noqa: E402
 
 
@@ -24,6 +26,16 @@ def main():
   result = {'process': jax.process_index(), 'processes': jax.process_count(),
             'devices': jax.device_count(), 'local_devices': jax.local_device_count(),
             'sum': float(total)}
+  # The same global value on both processes -> row-sharded array -> back to numpy on each.
+  global_value = np.arange(16 * 3, dtype=np.int32).reshape(16, 3)
+  placed = hostdata.place(global_value, meshlib.batch_sharding(mesh))
+  result['placed_fully_addressable'] = placed.is_fully_addressable
+  result['round_trip'] = bool((hostdata.to_host(placed) == global_value).all())
+  rows_here = hostdata.process_rows(16)
+  result['rows'] = [rows_here.start, rows_here.stop]
+  result['gathered'] = hostdata.gather_rows(global_value[rows_here] * 10).tolist() == (
+      global_value * 10).tolist()
+  result['counts'] = hostdata.sum_counts({'a': 1 + jax.process_index(), 'b': 5})
   print('RESULT ' + json.dumps(result), flush=True)
 
 

@@ -277,3 +277,35 @@ def test_failed_save_policy_goes_on_with_a_good_checkpoint_else_stops(tmp_path, 
   assert hooks.lines[0].endswith('training goes on with 1 good checkpoint(s), the latest at step 2')
   assert ckpt.all_steps() == [2]
   ckpt.close()
+
+
+def test_a_checkpoint_from_an_older_version_resumes_with_new_state_started_afresh(tmp_path):
+  """A checkpoint written before TrainState gained a field (PPO's critic), and whose monitor
+  statistics have another layout (signals added since), restores params, optimizer state and step
+  exactly; the new field and the monitor start afresh, and both are reported."""
+  d = str(tmp_path / 'ckpts')
+  old = make_state(1, 3).replace(monitor={'mean': jnp.arange(4.0), 'count': jnp.int32(7)})
+  ckpt = Checkpointer(d)
+  ckpt.save(3, old, {'step': 3}, {})
+  ckpt.close()
+  like = make_state(2, 0).replace(monitor={'mean': jnp.zeros(6), 'count': jnp.int32(0)},
+                                  critic={'w': jnp.ones(3)})
+  ckpt = Checkpointer(d)
+  restored, data, _, _ = ckpt.restore(3, like)
+  assert_trees_equal((restored.step, restored.params, restored.opt_state),
+                     (old.step, old.params, old.opt_state))
+  assert_trees_equal((restored.monitor, restored.critic), (like.monitor, like.critic))
+  assert data == {'step': 3}
+  assert ckpt.problems == [
+      'checkpoint 3 has no critic state (written by an older rft_jax): starting it afresh',
+      'checkpoint 3: the saved monitor state does not fit this version (array shapes differ); '
+      'starting it afresh']
+  # Same layout: the monitor comes back as saved.
+  ckpt.save(4, restored.replace(monitor=old.monitor), {'step': 4}, {})
+  again, _, _, _ = ckpt.restore(4, make_state(2, 0).replace(monitor=like.monitor))
+  assert_trees_equal(again.monitor, like.monitor)
+  # A reader that wants less (tools/checkpoint export: no monitor) skips what it does not want.
+  params_only, _, _, _ = ckpt.restore(4, make_state(2, 0))
+  assert params_only.monitor is None
+  assert_trees_equal(params_only.params, old.params)
+  ckpt.close()

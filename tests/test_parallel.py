@@ -139,3 +139,5 @@ def test_two_processes_from_env_vars_build_one_global_mesh():
   for i, r in enumerate(results):
     assert (r['process'], r['processes'], r['devices'], r['local_devices']) == (i, 2, 8, 4)
     assert r['sum'] == expected
+    assert not r['placed_fully_addressable'] and r['round_trip'] and r['gathered']
+    assert r['rows'] == [8 * i, 8 * (i + 1)] and r['counts'] == {'a': 3, 'b': 10}

@@ -16,7 +16,7 @@ def create(cfg: ModelConfig, seed: int = 0):
   Built with eager sharding off so it works outside a mesh; place params with
   `jax.device_put(params, shardings)` afterwards (rft_jax.parallel).
   """
-  with nnx.use_eager_sharding(False):
+  with jax.set_mesh(None), nnx.use_eager_sharding(False):
     model = Transformer(cfg, nnx.Rngs(seed))
   graphdef, params = nnx.split(model, nnx.Param)
   return graphdef, params
@@ -24,7 +24,9 @@ def create(cfg: ModelConfig, seed: int = 0):
 
 def abstract_params(cfg: ModelConfig):
   """(graphdef, params of ShapeDtypeStructs) without allocating or computing anything."""
-  with nnx.use_eager_sharding(False):
+  # No mesh in context either: flax would attach the logical names as mesh axes (the trainer
+  # traces under jax.set_mesh; params are placed by rft_jax/parallel rules instead).
+  with jax.set_mesh(None), nnx.use_eager_sharding(False):
     model = nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(0)))
   return nnx.split(model, nnx.Param)
 
@@ -34,12 +36,17 @@ def positions_from_mask(mask_bt: jax.Array) -> jax.Array:
   return jnp.maximum(jnp.cumsum(mask_bt, axis=-1) - 1, 0).astype(jnp.int32)
 
 
-def forward(graphdef, params, tokens_bt: jax.Array, mask_bt: jax.Array) -> jax.Array:
+def forward(graphdef, params, tokens_bt: jax.Array, mask_bt: jax.Array,
+            logits_from: int = 0) -> jax.Array:
   """Full causal forward pass without a cache -> logits [B,T,V] (float32).
 
   mask_bt [B,T] is 1 on real tokens (left and right padding allowed); pad keys are never attended.
+  logits_from > 0 (static): the LM head runs on positions >= logits_from only -> [B,T-from,V].
   """
   model = nnx.merge(graphdef, params)
+  if logits_from:
+    h_bte, _ = model.hidden(tokens_bt, positions_from_mask(mask_bt), mask_bt.astype(bool))
+    return model.logits(h_bte[:, logits_from:])
   logits, _ = model(tokens_bt, positions_from_mask(mask_bt), mask_bt.astype(bool))
   return logits
 
@@ -56,7 +63,10 @@ def forward_cached(graphdef, params, tokens_bt, positions_bt, kv_valid_bs, cache
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int) -> Cache:
-  """Zeroed KV cache: per layer {'k','v'} of shape [B, S=length, K, D] in the compute dtype."""
-  shape = (batch, length, cfg.num_key_value_heads, cfg.head_dim)
+  """Zeroed KV cache: per layer {'k','v'} of shape [B, K, S=length, D] in the compute dtype.
+
+  Heads before slots: decoding's attention dots then read the cache as it lies (with [B,S,K,D]
+  XLA CPU copied the whole cache into that layout at every decode step)."""
+  shape = (batch, cfg.num_key_value_heads, length, cfg.head_dim)
   return [{'k': jnp.zeros(shape, cfg.compute_dtype), 'v': jnp.zeros(shape, cfg.compute_dtype)}
           for _ in range(cfg.num_hidden_layers)]

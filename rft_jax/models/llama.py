@@ -14,7 +14,7 @@ Every parameter carries logical axis names (`vocab`, `embed`, `heads`, `kv_heads
 parallel package maps them onto the ('data', 'fsdp', 'tensor') mesh. Activations are constrained
 by logical name too (rules.constrain; a no-op unless traced under `jax.set_mesh(mesh)`): the
 residual stream [B,T,E] as ('batch', -, -), the MLP hidden [B,T,F] as ('batch', -, 'mlp'), the
-KV cache [B,S,K,D] as ('batch', -, 'kv_heads', -) and the logits [B,T,V] as ('batch', -, 'vocab').
+KV cache [B,K,S,D] as ('batch', 'kv_heads', -, -) and the logits [B,T,V] as ('batch', -, 'vocab').
 
 Numerics follow transformers' Llama/Qwen2/Mistral: attention logits scaled by 1/sqrt(D) and
 softmaxed in float32; RMSNorm normalises in float32, casts back to the activation dtype and then
@@ -30,7 +30,7 @@ from flax import nnx
 
 from rft_jax.parallel.rules import constrain
 
-Cache = list[dict[str, jax.Array]]   # one {'k': [B,S,K,D], 'v': [B,S,K,D]} per layer
+Cache = list[dict[str, jax.Array]]   # one {'k': [B,K,S,D], 'v': [B,K,S,D]} per layer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +54,11 @@ class ModelConfig:
   # original_max_position_embeddings) is implemented.
   rope_scaling: tuple[tuple[str, Any], ...] | None = None
   sliding_window: int | None = None   # Mistral: query slot q sees key slots s with q - W < s <= q
+  # Rematerialisation of each decoder layer in the full (training) forward pass: 'none' keeps
+  # every activation for the backward pass; 'full' keeps only each layer's input and recomputes
+  # the rest; 'dots' also keeps matmul outputs; 'dots_no_batch' keeps those without a batch
+  # dimension (weights-like). A run-time option, not an architecture field (not in config.json).
+  remat: str = 'none'
 
   @classmethod
   def from_dict(cls, d: Any) -> 'ModelConfig':
@@ -73,11 +78,25 @@ class ModelConfig:
     return l * layer + emb + e
 
 
+class Linear(nnx.Linear):
+  """nnx.Linear on the rows of x [..., din] flattened to one matrix [N, din] (same maths).
+
+  The weight gradient is then a plain [din, N] @ [N, dout] matmul. On [B, T, din] inputs it
+  contracts two dims, which XLA CPU canonicalises with a strided, transposing copy of the
+  [B*T, dout] output gradient: measured at 40% of the MLP's backward pass (tools/bench).
+  """
+
+  def __call__(self, inputs, out_sharding=None):
+    lead = inputs.shape[:-1]
+    y = super().__call__(inputs.reshape(-1, inputs.shape[-1]), out_sharding=out_sharding)
+    return y.reshape(*lead, y.shape[-1])
+
+
 def _dense(rngs, din, dout, axes, *, bias=False, dtype=jnp.float32):
   init = nnx.with_partitioning(nnx.initializers.normal(0.02), axes)
-  return nnx.Linear(din, dout, use_bias=bias, kernel_init=init,
-                    bias_init=nnx.with_partitioning(nnx.initializers.zeros, axes[1:]),
-                    dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+  return Linear(din, dout, use_bias=bias, kernel_init=init,
+                bias_init=nnx.with_partitioning(nnx.initializers.zeros, axes[1:]),
+                dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
 
 
 class RMSNorm(nnx.Module):
@@ -160,19 +179,20 @@ class Attention(nnx.Module):
     h, k, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     inv_freq = rope_inv_freq(cfg)
     q = rope(self.q_proj(x_bte).reshape(b, t, h, d), positions_bt, inv_freq)
-    kk = rope(self.k_proj(x_bte).reshape(b, t, k, d), positions_bt, inv_freq)
-    v = self.v_proj(x_bte).reshape(b, t, k, d)
+    # Keys and values as [B,K,T,D], the cache's layout (init_cache): heads before slots.
+    kk = rope(self.k_proj(x_bte).reshape(b, t, k, d), positions_bt, inv_freq).swapaxes(1, 2)
+    v = self.v_proj(x_bte).reshape(b, t, k, d).swapaxes(1, 2)
     if cache is not None:
       kk = jax.lax.dynamic_update_slice_in_dim(cache['k'], kk.astype(cache['k'].dtype),
-                                               cache_index, axis=1)
+                                               cache_index, axis=2)
       v = jax.lax.dynamic_update_slice_in_dim(cache['v'], v.astype(cache['v'].dtype),
-                                              cache_index, axis=1)
-      kk = constrain(kk, ('batch', None, 'kv_heads', None))
-      v = constrain(v, ('batch', None, 'kv_heads', None))
+                                              cache_index, axis=2)
+      kk = constrain(kk, ('batch', 'kv_heads', None, None))
+      v = constrain(v, ('batch', 'kv_heads', None, None))
       cache = {'k': kk, 'v': v}
-    s = kk.shape[1]
+    s = kk.shape[2]
     q = q.reshape(b, t, k, h // k, d)
-    scores = jnp.einsum('btkgd,bskd->bkgts', q, kk).astype(jnp.float32) / jnp.sqrt(d)
+    scores = jnp.einsum('btkgd,bksd->bkgts', q, kk).astype(jnp.float32) / jnp.sqrt(d)
     slot_q, slot_k = cache_index + jnp.arange(t)[:, None], jnp.arange(s)[None, :]
     causal_ts = slot_k <= slot_q
     if cfg.sliding_window is not None:
@@ -180,7 +200,7 @@ class Attention(nnx.Module):
     allowed = causal_ts[None] & kv_valid_bs[:, None, :]                       # [B,T,S]
     scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum('bkgts,bskd->btkgd', probs, v).reshape(b, t, h * d)
+    out = jnp.einsum('bkgts,bksd->btkgd', probs, v).reshape(b, t, h * d)
     return self.o_proj(out), cache
 
 
@@ -230,6 +250,14 @@ class Transformer(nnx.Module):
 
   def __call__(self, tokens_bt, positions_bt, kv_valid_bs, cache: Cache | None = None,
                cache_index=0):
+    """-> (logits [B,T,V] float32, updated cache or None)."""
+    h_bte, new_cache = self.hidden(tokens_bt, positions_bt, kv_valid_bs, cache, cache_index)
+    return self.logits(h_bte), new_cache
+
+  def hidden(self, tokens_bt, positions_bt, kv_valid_bs, cache: Cache | None = None,
+             cache_index=0):
+    """-> (final normed hidden states [B,T,E], updated cache or None): what the LM head and a
+    value head (rft_jax/algorithms/critic.py) read."""
     if jax.sharding.get_abstract_mesh().empty:
       x = self.embed_tokens(tokens_bt)
     else:   # FSDP: gather the table's E before the lookup (a lookup on E-sharded rows cannot
@@ -238,14 +266,36 @@ class Transformer(nnx.Module):
       x = jnp.take(table_ve, tokens_bt, axis=0).astype(self.cfg.compute_dtype)
     x = constrain(x, ('batch', None, None))
     new_cache = [] if cache is not None else None
+    remat = cache is None and self.cfg.remat != 'none'   # decoding keeps no activations anyway
     for i, layer in enumerate(self.layers):
-      x, c = layer(x, positions_bt, kv_valid_bs, None if cache is None else cache[i], cache_index)
+      if remat:
+        x, c = _remat_layer(layer, x, positions_bt, kv_valid_bs, self.cfg.remat), None
+      else:
+        x, c = layer(x, positions_bt, kv_valid_bs, None if cache is None else cache[i],
+                     cache_index)
       x = constrain(x, ('batch', None, None))
       if cache is not None:
         new_cache.append(c)
-    x = self.norm(x)
+    return self.norm(x), new_cache
+
+  def logits(self, h_bte) -> jax.Array:
+    """LM head: hidden states [B,T,E] -> logits [B,T,V] float32."""
     if self.cfg.tie_word_embeddings:
-      logits = self.embed_tokens.attend(x)
+      logits = self.embed_tokens.attend(h_bte)
     else:
-      logits = self.lm_head(x)
-    return constrain(logits.astype(jnp.float32), ('batch', None, 'vocab')), new_cache
+      logits = self.lm_head(h_bte)
+    return constrain(logits.astype(jnp.float32), ('batch', None, 'vocab'))
+
+
+REMAT_POLICIES = {
+    'full': jax.checkpoint_policies.nothing_saveable,
+    'dots': jax.checkpoint_policies.checkpoint_dots,
+    'dots_no_batch': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _remat_layer(layer: DecoderLayer, x, positions_bt, kv_valid_bs, remat: str):
+  """layer(x) (no cache) under jax.checkpoint with the named policy (ModelConfig.remat)."""
+  def block(layer, x, positions_bt, kv_valid_bs):
+    return layer(x, positions_bt, kv_valid_bs, None, 0)[0]
+  return nnx.remat(block, policy=REMAT_POLICIES[remat])(layer, x, positions_bt, kv_valid_bs)

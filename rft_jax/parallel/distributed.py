@@ -10,7 +10,7 @@ JAX itself reads only JAX_COORDINATOR_ADDRESS; the other two are passed here. On
 SLURM and Open MPI, RFT_DISTRIBUTED=1 alone lets JAX detect all three. Without any of these
 variables nothing happens (one process). Afterwards jax.devices() lists every host's devices, so
 config.mesh describes the global mesh (data * fsdp * tensor = all devices); each host feeds its
-own rows (the trainer shards the prompt stream by jax.process_index()).
+devices' rows and scores its share of the completions (rft_jax/parallel/hostdata.py).
 """
 import os
 
