@@ -25,9 +25,9 @@ import ml_collections
 from rft_jax import config_rules as rules
 from rft_jax.config_rules import is_online_dpo
 from rft_jax.config_schema import (  # noqa: F401  (re-exported: callers use config.X)
-    DPO_LOSS_TYPES, DPO_PAIR_SOURCES, GROUP_FREE_ADVANTAGES, MONITOR_MODES, NAME_TO_FLOAT,
-    OPTIONAL_KEYS, OPTIONAL_SECTIONS, RL_SECTIONS, SCHEMA, SFT_SECTIONS, DPO_SECTIONS,
-    ConfigError, did_you_mean, has_key, lookup, type_name)
+    CRITIC_ADVANTAGES, DPO_LOSS_TYPES, DPO_PAIR_SOURCES, GROUP_FREE_ADVANTAGES, MONITOR_MODES,
+    NAME_TO_FLOAT, OPTIONAL_KEYS, OPTIONAL_SECTIONS, RL_SECTIONS, SCHEMA, SFT_SECTIONS,
+    DPO_SECTIONS, ConfigError, did_you_mean, has_key, lookup, type_name)
 
 
 def is_sft(config: ml_collections.ConfigDict) -> bool:
@@ -188,6 +188,7 @@ def _check_algo_names(config: ml_collections.ConfigDict) -> None:
   # Imports the implementations (and with them JAX): keep this check last.
   from rft_jax.algorithms import registry  # pylint: disable=g-import-not-at-top
   known = registry.names()
+  known['advantage'] = sorted(known['advantage'] + list(CRITIC_ADVANTAGES))   # PPO's 'gae'
   for field, kind in _ALGO_KINDS:
     value = config.algo[field]
     if value not in known[field]:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-RECIPES = ('grpo', 'dapo', 'dr_grpo', 'gspo', 'cispo', 'rloo', 'reinforce_pp', 'dpo',
+RECIPES = ('grpo', 'dapo', 'dr_grpo', 'gspo', 'cispo', 'rloo', 'reinforce_pp', 'ppo', 'dpo',
            'online_dpo')
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -19,12 +19,16 @@ class TrainState:
   params: pure dict of float32 arrays (nnx.to_pure_dict layout). controls: run-time knobs the
   host may change between steps without recompiling (e.g. {'lr_scale', 'kl_coef'} as float32
   scalars), None = defaults. monitor: the failure monitor's state, or None.
+  critic: PPO's critic {'params', 'opt_state'} (rft_jax/algorithms/critic.py), or None.
+  kl_ctrl: the adaptive KL controller's state (rft_jax/algorithms/kl_control.py), or None.
   """
   step: jax.Array
   params: Any
   opt_state: Any
   controls: Any = None
   monitor: Any = None
+  critic: Any = None
+  kl_ctrl: Any = None
 
   def control(self, name: str, default: float) -> jax.Array:
     if self.controls is None or name not in self.controls:
