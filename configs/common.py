@@ -101,3 +101,17 @@ def telemetry():
   t.plot = True
   t.wandb_project = ''
   return t
+
+
+def scaling(live_every: int = 0):
+  """Live scaling fit (rft_jax/scaling/live.py): every `live_every` held-out evals, fit the eval
+  curve against compute, log the predicted final accuracy (scaling/pred_final, _lo, _hi) and
+  raise a 'scaling_anomaly' incident for an eval far below the previous fit's band. 0 = off."""
+  s = ml_collections.ConfigDict()
+  s.live_every = live_every
+  s.model = 'sigmoid'          # or 'power_law'
+  s.exclude_first = 0.1        # leave out evals with compute <= this fraction of the latest
+  s.n_boot = 200               # bootstrap replicates: < 1 s per fit on one CPU core
+  s.anomaly_sd = 3.0           # anomaly: eval < band low - max(anomaly_sd * residual sd,
+  s.anomaly_min_drop = 0.05    #                                anomaly_min_drop)
+  return s

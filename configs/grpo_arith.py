@@ -68,6 +68,10 @@ def get_config(arg: str = ''):
 
   config.monitor = common.monitor('warn')   # see configs/common.py for the modes
 
+  # Live scaling fit (off: --config.scaling.live_every=1 fits after every eval; it needs >= 5
+  # evals, so also lower --config.train.eval_every).
+  config.scaling = common.scaling()
+
   # Fault injection (rft_jax/faults.py), e.g. [dict(type='lr_spike', onset_step=15, strength=50)].
   config.faults = []
 

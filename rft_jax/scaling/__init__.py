@@ -6,6 +6,8 @@ and split a budget. Pure numpy/scipy (no JAX), so it runs on logs anywhere.
   fit_k_of_n      k(N) = K_max * N / (N + N0) across model sizes
   compare         which of two fits has the higher asymptote / efficiency, with intervals
   plan            IsoCompute-style group size / prompts per step / steps for a budget
+  live.LiveFit    the trainer's refit every k evals: predicted final accuracy, anomaly incident
+  backtest        fit the first part of a finished run, score its prediction of the end
 
 Every parameter and prediction carries a percentile interval from a residual block bootstrap
 over the eval points (`common`). Bad input raises ScalingFitError (a ValueError) saying why.
