@@ -8,13 +8,12 @@ r"""Command line entry point: load a recipe, check it, run it.
 defaults to `runs/<config.name>`. A recipe with a `sft` section runs `rft_jax.sft.run`, one with a
 `dpo` section `rft_jax.dpo_trainer.run` (offline or online DPO), any other the RL trainer
 `rft_jax.trainer.run`. `--validate_only` checks the config, prints
-'config OK' and exits.
+'config OK' and exits. The same steps are a Python API: rft_jax/api.py.
 
 Any bad input (a missing or broken config file, an unknown override key, an override that does
 not parse, a config that fails `rft_jax.config.validate`) prints ONE line starting with 'error: '
 on stderr and exits with status 2, without a traceback and without importing JAX.
 """
-import importlib.util
 import os
 import re
 import sys
@@ -24,6 +23,7 @@ from absl import flags
 import ml_collections
 from ml_collections import config_flags
 
+from rft_jax import api
 from rft_jax import config as config_lib
 
 USAGE_ERROR = 2
@@ -56,19 +56,12 @@ def main(argv: Sequence[str]) -> int:
     return 0
   if not flags.FLAGS.is_parsed():  # absl.logging warns until the global flags are parsed.
     flags.FLAGS.mark_as_parsed()
-  # pylint: disable=g-import-not-at-top
-  from rft_jax.parallel import distributed
-  distributed.initialize_from_env()   # multi-host: JAX_COORDINATOR_ADDRESS etc. (else a no-op)
-  from rft_jax import components, runs, trainer
-  run = trainer.run
-  if config_lib.is_sft(config):
-    from rft_jax import sft
-    run = sft.run
-  elif config_lib.is_dpo(config):
-    from rft_jax import dpo_trainer
-    run = dpo_trainer.run
+  from rft_jax import compile_cache, components, runs  # pylint: disable=g-import-not-at-top
+  compile_cache.enable()   # compiled programs are kept on disk for the next run
   try:
-    run(config, workdir)
+    # jax.distributed from JAX_COORDINATOR_ADDRESS etc. (else a no-op), then the recipe's
+    # trainer: SFT, DPO or RL.
+    api.run_config(config, workdir)
   except (components.SetupError, FileNotFoundError) as e:
     # Problems only visible once files and devices are opened (mesh too large, checkpoint that
     # does not match the model): the same one-line usage error as a bad config.
@@ -143,32 +136,10 @@ def _config_argument(argv: list[str]) -> str | None:
 
 def _load_config_file(spec: str) -> ml_collections.ConfigDict:
   """Imports the recipe file and returns its `get_config(arg)`, as ml_collections will."""
-  path, *arg = spec.split(':', 1)
-  if not os.path.isfile(path):
-    raise UsageError(f'config file not found: {path!r} (from --config={spec}; relative to '
-                     f'{os.getcwd()})')
-  _add_import_root(path)
   try:
-    module_spec = importlib.util.spec_from_file_location('_rft_jax_recipe', path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    config = module.get_config(*arg)
-  except Exception as e:  # pylint: disable=broad-except
-    raise UsageError(f'config file {path!r} failed to load: {type(e).__name__}: '
-                     f'{_one_line(str(e))}') from None
-  if not isinstance(config, ml_collections.ConfigDict):
-    raise UsageError(f'config file {path!r}: get_config() returned {type(config).__name__}, '
-                     'not a ConfigDict')
-  return config
-
-
-def _add_import_root(path: str) -> None:
-  """Lets a recipe in a package dir (configs/) import its siblings as `configs.common`."""
-  directory = os.path.dirname(os.path.abspath(path))
-  if os.path.isfile(os.path.join(directory, '__init__.py')):
-    root = os.path.dirname(directory)
-    if root not in sys.path:
-      sys.path.insert(0, root)
+    return api.load_recipe(spec, origin=f'--config={spec}')
+  except api.RecipeError as e:
+    raise UsageError(str(e)) from None
 
 
 def _overrides(argv: list[str]) -> list[tuple[str, str]]:

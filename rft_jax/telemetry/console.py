@@ -3,6 +3,7 @@ lines and the end-of-run summary table."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import numbers
 import time
@@ -48,6 +49,15 @@ def format_summary_value(key: str, value: Any) -> str:
 # Console.
 
 
+def live_display(console: Console) -> bool:
+  """Whether `console` can show a live progress bar: a terminal, or Jupyter/Colab with
+  ipywidgets (rich draws its live display in an ipywidgets Output; without ipywidgets it shows
+  nothing but a warning, so plain progress lines are printed instead)."""
+  if console.is_jupyter:
+    return importlib.util.find_spec('ipywidgets') is not None
+  return console.is_terminal
+
+
 class ConsoleSink(Hook):
   """Live progress bar on a terminal; a plain line every ~5% of the run otherwise.
 
@@ -65,7 +75,7 @@ class ConsoleSink(Hook):
     self.keys = tuple(keys)
     self.console = console if console is not None else Console()
     self.total_steps = total_steps
-    self._live = self.console.is_terminal or self.console.is_jupyter
+    self._live = live_display(self.console)
     self._progress: Progress | None = None
     self._task = None
     self._started = False

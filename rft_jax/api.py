@@ -1,0 +1,322 @@
+"""Python API: load a recipe, override fields, train, look at the run, sample and evaluate.
+
+The same code as the command line (`python -m rft_jax.main`, which is a thin layer over
+`load_recipe` and `run_config` here), for notebooks and scripts:
+
+  from rft_jax import api
+  config = api.load_config('grpo_arith:tiny', {'train.steps': 8})   # or configs/x.py[:arg]
+  run = api.train(config)                    # progress bar in a terminal or a notebook
+  run.history[-1]['reward/mean']             # one dict per step, as in metrics.jsonl
+  run.evals, run.incidents, run.summary      # held-out evals, monitor incidents, summary.json
+  api.sample(run.policy, ['12+7='], n=4)     # -> [['19', '19', '18', '19']]
+  api.evaluate(run.policy)                   # -> {'eval/greedy_acc': ..., 'eval/mean@K_acc': ...}
+
+Errors are the CLI's, as exceptions with one-line messages: a bad recipe file `RecipeError`, a
+bad key, type or value `rft_jax.config.ConfigError` ('config.rollout.group_size=1: GRPO needs at
+least 2 completions per prompt'), a run that cannot start `SetupError` (mesh, files), a run that
+had to stop `TrainingError`, a stop on SIGINT/SIGTERM (a notebook's interrupt) `Preempted`;
+train() again with the same workdir resumes. Importing this module does not import JAX.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+
+from rft_jax import config as config_lib
+from rft_jax.config import ConfigError
+from rft_jax.policy import Policy, choose_mesh, evaluate, load_policy, sample  # noqa: F401
+from rft_jax.telemetry.hooks import Hook
+
+# Also attributes, loaded on use (they import JAX): SetupError, TrainingError, Preempted.
+__all__ = ['load_config', 'train', 'open_run', 'Run', 'Recorder', 'Policy', 'load_policy',
+           'sample', 'evaluate', 'choose_mesh', 'resolve_recipe', 'load_recipe',
+           'apply_overrides', 'run_config', 'ConfigError', 'RecipeError']
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class RecipeError(ValueError):
+  """A recipe file that is missing, fails to import or returns no ConfigDict (one line)."""
+
+
+def __getattr__(name: str):
+  """SetupError, TrainingError and Preempted live in modules that import JAX: loaded on use."""
+  if name == 'SetupError':
+    from rft_jax import components  # pylint: disable=g-import-not-at-top
+    return components.SetupError
+  if name in ('TrainingError', 'Preempted'):
+    from rft_jax import runs  # pylint: disable=g-import-not-at-top
+    return getattr(runs, name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+# --- Recipes and overrides -------------------------------------------------------------------
+
+def resolve_recipe(recipe: str) -> str:
+  """'grpo_arith[:arg]' or 'configs/grpo_arith.py[:arg]' -> 'path.py[:arg]'.
+
+  A bare name is configs/<name>.py under the current directory, else under the repository
+  this package was installed from. Paths inside recipes (tokenizer, init_from) stay relative to
+  the current directory, as for the CLI.
+  """
+  name, sep, arg = recipe.partition(':')
+  if name.endswith('.py') or os.sep in name:
+    return recipe
+  for root in ('', REPO_ROOT):
+    path = os.path.join(root, 'configs', name + '.py')
+    if os.path.isfile(path):
+      return path + sep + arg
+  return os.path.join('configs', name + '.py') + sep + arg
+
+
+def load_recipe(spec: str, origin: str | None = None) -> ml_collections.ConfigDict:
+  """Imports `path.py[:arg]` and returns its get_config(arg), unvalidated.
+
+  origin: how the user named it, for the error message (the CLI passes '--config=...').
+  Raises RecipeError (one line) for a missing file, an import error or a wrong return type.
+  """
+  path, *arg = spec.split(':', 1)
+  if not os.path.isfile(path):
+    raise RecipeError(f'config file not found: {path!r} (from {origin or repr(spec)}; relative '
+                      f'to {os.getcwd()})')
+  _add_import_root(path)
+  try:
+    module_spec = importlib.util.spec_from_file_location('_rft_jax_recipe', path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    config = module.get_config(*arg)
+  except Exception as e:  # pylint: disable=broad-except
+    raise RecipeError(f'config file {path!r} failed to load: {type(e).__name__}: '
+                      f'{_one_line(str(e))}') from None
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise RecipeError(f'config file {path!r}: get_config() returned {type(config).__name__}, '
+                      'not a ConfigDict')
+  return config
+
+
+def _add_import_root(path: str) -> None:
+  """Lets a recipe in a package dir (configs/) import its siblings as `configs.common`."""
+  directory = os.path.dirname(os.path.abspath(path))
+  if os.path.isfile(os.path.join(directory, '__init__.py')):
+    root = os.path.dirname(directory)
+    if root not in sys.path:
+      sys.path.insert(0, root)
+
+
+def apply_overrides(config: ml_collections.ConfigDict,
+                    overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """Sets dotted keys ({'optim.lr': 1e-4}) in place; returns `config`.
+
+  Raises ConfigError naming the key: an unknown key (with a did-you-mean hint), a section
+  replaced by a value, or a value of the wrong type (an int is accepted for a float).
+  """
+  for key, value in overrides.items():
+    node, parts = config, key.split('.')
+    for i, part in enumerate(parts):
+      if not isinstance(node, ml_collections.ConfigDict):
+        raise ConfigError('.'.join(parts[:i]), f'is a value, not a section (in override {key!r})',
+                          node)
+      if part not in node:
+        raise ConfigError(key, 'unknown key' + config_lib.did_you_mean(part, node.keys()))
+      node = node[part]
+    if isinstance(node, ml_collections.ConfigDict) and not isinstance(value, Mapping):
+      raise ConfigError(key, f'is a section; got {config_lib.type_name(value)}', value)
+    try:
+      config.update_from_flattened_dict({key: value})
+    except (TypeError, ValueError):
+      raise ConfigError(key, f'expected {config_lib.type_name(node)}, got '
+                        f'{config_lib.type_name(value)}', value) from None
+  return config
+
+
+def load_config(recipe: str, overrides: Mapping[str, Any] | None = None,
+                **kw_overrides: Any) -> ml_collections.ConfigDict:
+  """A recipe with overrides applied, validated like the CLI's.
+
+  recipe: 'grpo_arith', 'grpo_arith:tiny' or 'configs/grpo_arith.py[:tiny]'.
+  overrides: dotted keys, {'train.steps': 20, 'optim.lr': 1e-4}; keyword arguments may write
+  the dots as double underscores (train__steps=20).
+  Raises RecipeError or ConfigError, each with a one-line message.
+  """
+  config = load_recipe(resolve_recipe(recipe), origin=repr(recipe))
+  merged = dict(overrides or {})
+  merged.update({k.replace('__', '.'): v for k, v in kw_overrides.items()})
+  apply_overrides(config, merged)
+  config_lib.validate(config)
+  return config
+
+
+# --- Running ---------------------------------------------------------------------------------
+
+_distributed_ready = False
+
+
+def run_config(config: ml_collections.ConfigDict, workdir: str, hooks=()) -> dict:
+  """Runs a validated recipe in `workdir` with its trainer (SFT, DPO or RL), resuming if it can;
+  returns summary.json's dict. What the CLI runs; jax.distributed is initialised from the
+  environment (a no-op without JAX_COORDINATOR_ADDRESS) on the first call."""
+  global _distributed_ready
+  if not _distributed_ready:
+    from rft_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
+    distributed.initialize_from_env()
+    _distributed_ready = True
+  # pylint: disable=g-import-not-at-top
+  if config_lib.is_sft(config):
+    from rft_jax import sft
+    run = sft.run
+  elif config_lib.is_dpo(config):
+    from rft_jax import dpo_trainer
+    run = dpo_trainer.run
+  else:
+    from rft_jax import trainer
+    run = trainer.run
+  return run(config, workdir, hooks_extra=tuple(hooks)) if hooks else run(config, workdir)
+
+
+class Recorder(Hook):
+  """A telemetry hook keeping every event in memory, as metrics.jsonl records
+  ({'step', 'kind', ...}); Run uses it where config.telemetry.jsonl is off."""
+
+  def __init__(self):
+    self.records: list[dict[str, Any]] = []
+    self._step = 0
+
+  def on_start(self, step, total_steps, config_summary):
+    self._step = step
+    self.records.append({'step': step, 'kind': 'start', 'total_steps': total_steps,
+                         'config': dict(config_summary)})
+
+  def on_step(self, step, metrics):
+    self._step = step
+    self.records.append({'step': step, 'kind': 'train', **metrics})
+
+  def on_eval(self, step, results):
+    self.records.append({'step': step, 'kind': 'eval', **results})
+
+  def on_message(self, text):
+    self.records.append({'step': self._step, 'kind': 'message', 'text': str(text)})
+
+  def on_incident(self, step, incident):
+    self.records.append({**incident, 'step': step, 'kind': incident.get('kind', 'incident')})
+
+  def on_end(self, summary):
+    self.records.append({'step': self._step, 'kind': 'end', **summary})
+
+
+def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
+          progress: bool = True) -> Run:
+  """Trains `config` (validated again; not modified) and returns the Run.
+
+  workdir: None = a new temporary directory, so every call trains from scratch; an existing
+  run's directory resumes it (or, when it is complete, returns it without training).
+  progress: the console display (a progress bar in a terminal, or in Jupyter/Colab where
+  ipywidgets is installed; plain lines otherwise); False = quiet.
+  """
+  config = copy.deepcopy(config)
+  config_lib.validate(config)
+  if not progress:
+    config.telemetry.console = False
+  if workdir is None:
+    workdir = tempfile.mkdtemp(prefix=f'rft_jax-{config.name}-')
+  recorder = Recorder()
+  summary = run_config(config, workdir, hooks=[recorder])
+  records = recorder.records
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if config.telemetry.jsonl and os.path.exists(path):
+    records = _read_records(path)   # the whole run, earlier invocations (resumes) included
+  return Run(config=config, workdir=workdir, summary=dict(summary), records=records)
+
+
+def open_run(workdir: str, config: ml_collections.ConfigDict | None = None) -> Run:
+  """A finished or interrupted run from its workdir (metrics.jsonl, summary.json if written).
+
+  config: the run's recipe (needed for `Run.policy`, as a workdir stores no config)."""
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'{workdir}: no metrics.jsonl (not a run directory?)')
+  summary_path = os.path.join(workdir, 'summary.json')
+  summary = {}
+  if os.path.isfile(summary_path):
+    with open(summary_path, encoding='utf-8') as f:
+      summary = json.load(f)
+  return Run(config=config, workdir=workdir, summary=summary, records=_read_records(path))
+
+
+def _read_records(path: str) -> list[dict[str, Any]]:
+  from rft_jax.telemetry import sinks  # pylint: disable=g-import-not-at-top
+  return sinks.read_jsonl(path)
+
+
+@dataclasses.dataclass
+class Run:
+  """A run's record: every telemetry event, the summary, and (loaded on use) its policy.
+
+  records: metrics.jsonl's records in order ({'step', 'kind', ...}; kinds 'start', 'train',
+  'eval', 'message', 'incident', 'action', 'verdict', 'end'). Steps re-run after a remediation
+  rewind appear twice in `history`, in the order they ran.
+  """
+  config: ml_collections.ConfigDict | None
+  workdir: str
+  summary: dict
+  records: list[dict[str, Any]]
+
+  def _kind(self, *kinds: str) -> list[dict[str, Any]]:
+    return [r for r in self.records if r.get('kind') in kinds]
+
+  @property
+  def history(self) -> list[dict[str, Any]]:
+    """One dict per optimiser step: 'step' and that step's metrics ('reward/mean', 'kl', ...)."""
+    return self._kind('train')
+
+  @property
+  def evals(self) -> list[dict[str, Any]]:
+    """Held-out evaluations: step 0 has 'eval/base_*' keys, later ones 'eval/greedy_acc' and
+    'eval/mean@K_acc'."""
+    return self._kind('eval')
+
+  @property
+  def incidents(self) -> list[dict[str, Any]]:
+    """Failure-monitor incidents ('fault_class', 'severity', 'onset_step', 'evidence', ...)."""
+    return self._kind('incident')
+
+  @property
+  def actions(self) -> list[dict[str, Any]]:
+    """Remediation actions and the verdicts on them (monitor.mode='auto')."""
+    return self._kind('action', 'verdict')
+
+  @property
+  def messages(self) -> list[str]:
+    return [r['text'] for r in self._kind('message')]
+
+  def series(self, key: str, kind: str = 'train') -> tuple[list[int], list[float]]:
+    """(steps, values) of one metric over the records of `kind` that have it."""
+    rows = [r for r in self._kind(kind) if key in r]
+    return [r['step'] for r in rows], [r[key] for r in rows]
+
+  @functools.cached_property
+  def policy(self) -> Policy:
+    """The policy of the run's latest checkpoint (the final one for a finished run)."""
+    if self.config is None:
+      raise ValueError(f'{self.workdir}: the run was opened without its config; '
+                       'pass config= to open_run')
+    return load_policy(self.config, self.workdir)
+
+  def __repr__(self) -> str:
+    name = self.config.name if self.config is not None else '?'
+    return (f'Run({name!r}, workdir={self.workdir!r}, steps={len(self.history)}, '
+            f'evals={len(self.evals)}, incidents={len(self.incidents)})')
+
+
+def _one_line(text: str) -> str:
+  lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+  return lines[0] if lines else text.strip()

@@ -1,0 +1,211 @@
+"""A policy to sample from and evaluate (rft_jax.api): a recipe's model with its params.
+
+  policy = load_policy(config)                 # the recipe's starting policy (init_from, HF path)
+  policy = load_policy(config, workdir)        # the params of a run's latest checkpoint
+  sample(policy, ['12+7='], n=4)               # -> [['19', '19', '18', '19']]
+  evaluate(policy)                             # the trainer's held-out eval, same numbers
+  choose_mesh(config)                          # a mesh for the devices found
+
+Everything is built by rft_jax.components.build, exactly as the trainers build it; sampling and
+evaluation use the trainers' jitted sampler and Evaluator. JAX is imported on first use.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+
+@dataclasses.dataclass(eq=False)
+class Policy:
+  """A recipe's model and params.
+
+  config: the recipe; components: rft_jax.components.Components (mesh, tokenizer, model_cfg,
+  graphdef, data sources; its params are the starting ones); params: this policy's params (a
+  pure dict placed like components.params); step: the checkpoint step (0 = starting policy).
+  """
+  config: Any
+  components: Any
+  params: Any
+  step: int = 0
+  _compiled: dict = dataclasses.field(default_factory=dict, repr=False)
+
+  @property
+  def tokenizer(self):
+    return self.components.tokenizer
+
+  @property
+  def model_cfg(self):
+    return self.components.model_cfg
+
+  def __repr__(self) -> str:
+    return (f'Policy({self.config.name!r}, step={self.step}, '
+            f'params={self.model_cfg.num_params():,})')
+
+
+def load_policy(config, workdir: str | None = None, step: int | None = None) -> Policy:
+  """The recipe's starting policy, or with `workdir` the params of that run's checkpoint `step`
+  (default: the latest verified one). Raises SetupError (bad files or mesh) or
+  FileNotFoundError (no checkpoint), one line each."""
+  from rft_jax import components  # pylint: disable=g-import-not-at-top
+  c = components.build(config)
+  if workdir is None:
+    return Policy(config=config, components=c, params=c.params, step=0)
+  from rft_jax.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
+  directory = os.path.join(workdir, 'checkpoints')
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f'{workdir}: no checkpoints directory (not a run directory?)')
+  ckpt = Checkpointer(directory, keep=0)
+  try:
+    steps = ckpt.all_steps()
+  finally:
+    ckpt.close()
+  if step is None and not steps:
+    raise FileNotFoundError(f'{directory}: no complete checkpoint')
+  step = steps[-1] if step is None else step
+  if step not in steps:
+    raise FileNotFoundError(f'{directory}: no checkpoint of step {step} (have {steps})')
+  params = _restore_params(os.path.join(directory, str(step), 'state'), c.params,
+                           c.param_shardings)
+  return Policy(config=config, components=c, params=params, step=step)
+
+
+def _restore_params(state_dir: str, like, shardings):
+  """Reads only `params` of a saved TrainState (not the optimizer state) onto `shardings`."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  item = {'params': jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), like, shardings)}
+  args = ocp.args.PyTreeRestore(item=item, partial_restore=True,
+                                restore_args=ocp.checkpoint_utils.construct_restore_args(item))
+  with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
+    return ckptr.restore(os.path.abspath(state_dir), args=args)['params']
+
+
+def completion_len(config) -> int:
+  """The recipe's completion length: rollout.max_new_tokens, else sft/dpo answer_len."""
+  if 'rollout' in config:
+    return config.rollout.max_new_tokens
+  section = config.sft if 'sft' in config else config.dpo
+  return section.answer_len
+
+
+def _prompt_format(config):
+  """How the task turns a question into model input (GSM8K: chat template + instruction), as
+  rft_jax.components.load_task renders the training prompts."""
+  from rft_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  task = config.task
+  if task.name != 'gsm8k':
+    return pipeline.PromptFormat()
+  return pipeline.PromptFormat(chat=task.get('chat_template', True),
+                               system_prompt=task.get('system_prompt', ''),
+                               instruction=task.get('instruction', ''))
+
+
+def sample(policy: Policy, prompts: Sequence[str], *, n: int = 1, temperature: float = 1.0,
+           max_new_tokens: int | None = None, top_k: int = 0, top_p: float = 1.0,
+           seed: int = 0) -> list[list[str]]:
+  """n completions of each prompt (one list per prompt), decoded to text, EOS left out.
+
+  prompts are questions as the task's data holds them ('12+7='); for GSM8K they are rendered
+  through the chat template and instruction as in training. temperature 0 = greedy.
+  max_new_tokens: default the recipe's completion length. Same seed, same completions.
+  """
+  if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts):
+    raise TypeError(f'sample: prompts must be a list of strings, got {type(prompts).__name__}'
+                    + (" (wrap one prompt in a list: ['12+7='])" if isinstance(prompts, str)
+                       else ''))
+  if n < 1 or not prompts:
+    raise ValueError(f'sample: need n >= 1 and at least one prompt (n={n}, '
+                     f'{len(prompts)} prompts)')
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from rft_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  from rft_jax.sampling import sampler as samplerlib  # pylint: disable=g-import-not-at-top
+  from rft_jax.sampling.text import decode_completions  # pylint: disable=g-import-not-at-top
+  c, config = policy.components, policy.config
+  fmt, p_len = _prompt_format(config), config.task.max_prompt_len
+  rows = []
+  for i, prompt in enumerate(prompts):
+    record = {'id': i, 'prompt': fmt.render(prompt, c.tokenizer), 'answer': ''}
+    try:
+      rows.append(pipeline.encode_prompt(record, c.tokenizer, p_len))
+    except ValueError as e:
+      raise ValueError(f'sample: prompt {i} {str(e).split(": ", 1)[-1]} '
+                       '(config.task.max_prompt_len)') from None
+  cfg = samplerlib.SamplingConfig(
+      max_new_tokens=max_new_tokens or completion_len(config), eos_id=c.tokenizer.eos_id,
+      pad_id=c.tokenizer.pad_id, temperature=float(temperature), top_k=top_k, top_p=top_p)
+  key = ('sampler', cfg, n)
+  if key not in policy._compiled:
+    policy._compiled[key] = samplerlib.make_sampler(c.graphdef, c.model_cfg, cfg, group_size=n)
+  rollout = policy._compiled[key](
+      policy.params, np.stack([r['prompt_tokens'] for r in rows]),
+      np.stack([r['prompt_mask'] for r in rows]), jax.random.key(seed))
+  texts = decode_completions(c.tokenizer, rollout.tokens_bt, rollout.mask_bt)
+  return [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+
+def evaluate(policy: Policy, *, num_prompts: int | None = None, k: int | None = None,
+             temperature: float | None = None) -> dict[str, float]:
+  """Held-out accuracy with the trainer's Evaluator: {'eval/greedy_acc', 'eval/mean@K_acc'}.
+
+  Defaults come from config.eval (the first num_prompts test prompts, K samples each at
+  temperature); with them the numbers equal the run's own eval of the same params.
+  """
+  from rft_jax import components, evaluation  # pylint: disable=g-import-not-at-top
+  config = copy.deepcopy(policy.config)
+  for name, value in (('num_prompts', num_prompts), ('k', k), ('temperature', temperature)):
+    if value is not None:
+      config.eval[name] = type(config.eval[name])(value)
+  c = policy.components
+  key = ('evaluator', config.eval.num_prompts, config.eval.k, config.eval.temperature)
+  if key not in policy._compiled:
+    policy._compiled[key] = evaluation.Evaluator(
+        c.graphdef, c.model_cfg, c.tokenizer, components.eval_batch(c, config),
+        max_new_tokens=completion_len(config), k=config.eval.k,
+        temperature=config.eval.temperature, seed=config.seed)
+  return policy._compiled[key](policy.params)
+
+
+def choose_mesh(config, num_devices: int | None = None,
+                device_bytes: int | None = None) -> dict[str, int]:
+  """{'data', 'fsdp', 'tensor'} for an RL recipe on the devices found: all-data-parallel when its
+  estimated per-device memory (rft_jax/parallel/memory.py) fits in 90% of a device, else FSDP
+  over all devices, else FSDP x tensor 2, 4, ...; each candidate must also divide the model
+  (heads, hidden size) and the rollout batch. device_bytes: default the device's own (None on
+  CPU, where every candidate fits). Raises SetupError (one line) when none fits."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from rft_jax import components  # pylint: disable=g-import-not-at-top
+  from rft_jax.parallel import memory  # pylint: disable=g-import-not-at-top
+  from rft_jax.parallel import mesh as meshlib  # pylint: disable=g-import-not-at-top
+  from rft_jax.telemetry import flops  # pylint: disable=g-import-not-at-top
+  n = jax.device_count() if num_devices is None else num_devices
+  if device_bytes is None:
+    device_bytes = memory.device_memory_bytes()
+  model_cfg = components.model_config(config)
+  micro = int(config.get('algo', {}).get('microbatches', 1))
+  rows = config.rollout.prompts_per_step * config.rollout.group_size
+  candidates = [(n, 1, 1)] + [(1, n // t, t) for t in (1, 2, 4, 8) if n % t == 0]
+  seen = []
+  for shape in candidates:
+    try:
+      meshlib.check_model_fits_mesh(model_cfg, shape)
+      meshlib.check_batch_fits_mesh(rows // micro if rows % micro == 0 else rows, shape)
+    except meshlib.MeshError:
+      continue
+    est = memory.estimate_run(config, model_cfg, shape, microbatches=micro,
+                              reference=flops.uses_reference(config))
+    seen.append((est.peak, shape))
+    if device_bytes is None or est.peak <= 0.9 * device_bytes:
+      return dict(zip(('data', 'fsdp', 'tensor'), shape))
+  if not seen:
+    raise components.SetupError(f'no mesh of {n} devices divides the model and the batch of '
+                                f'{rows} rows; set config.mesh by hand')
+  peak, shape = min(seen)
+  raise components.SetupError(
+      f'no mesh of {n} devices fits: the smallest estimate is {peak / 2**20:,.0f} MiB per device '
+      f'(mesh {shape}) > 90% of {device_bytes / 2**20:,.0f} MiB; lower rollout sizes, raise '
+      'algo.microbatches or use more devices')

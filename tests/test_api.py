@@ -1,0 +1,247 @@
+"""rft_jax.api: recipes and overrides, train -> Run, the trained policy, sample and evaluate, and
+the README's example run verbatim."""
+import ast
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from rft_jax import api, components, evaluation
+from rft_jax.telemetry import sinks
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 3
+
+
+def tiny(**overrides):
+  base = {'train.steps': STEPS, 'train.eval_every': STEPS, 'rewards.num_workers': 0,
+          'telemetry.tensorboard': False, 'optim.lr': 3e-3, 'optim.warmup_steps': 1}
+  return api.load_config('grpo_arith:tiny', {**base, **overrides})
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  """(the config given to train, that config before training, its Run): one tiny run shared by
+  this module's tests."""
+  config = tiny()
+  before = config.to_dict()
+  run = api.train(config, str(tmp_path_factory.mktemp('api') / 'run'), progress=False)
+  return config, before, run
+
+
+@pytest.fixture
+def run(trained):
+  return trained[2]
+
+
+# --- Recipes and overrides -------------------------------------------------------------------
+
+def test_recipe_names_resolve_to_the_same_config():
+  by_name = api.load_config('grpo_arith:tiny')
+  by_path = api.load_config('configs/grpo_arith.py:tiny')
+  assert by_name.to_dict() == by_path.to_dict()
+  assert by_name.train.steps == 4 and api.load_config('grpo_arith').train.steps == 150
+
+
+def test_overrides_dotted_and_keyword():
+  config = api.load_config('grpo_arith:tiny', {'optim.lr': 1}, train__steps=7)
+  assert config.train.steps == 7
+  assert config.optim.lr == 1.0 and isinstance(config.optim.lr, float)   # int for a float: ok
+
+
+def test_bad_value_is_the_clis_one_line_error():
+  with pytest.raises(api.ConfigError) as e:
+    api.load_config('configs/grpo_arith.py', {'rollout.group_size': 1})
+  cli = subprocess.run(
+      [sys.executable, '-m', 'rft_jax.main', '--config', 'configs/grpo_arith.py',
+       '--config.rollout.group_size=1', '--validate_only'],
+      cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+  assert cli.returncode == 2
+  assert cli.stderr.strip() == f'error: {e.value}'
+  assert str(e.value) == 'config.rollout.group_size=1: GRPO needs at least 2 completions per prompt'
+
+
+@pytest.mark.parametrize('overrides,message', [
+    ({'rollout.tempreature': 0.5},
+     "config.rollout.tempreature: unknown key (did you mean 'temperature'?)"),
+    ({'nosuch.key': 1}, 'config.nosuch.key: unknown key'),
+    ({'rollout.group_size': 'four'}, "config.rollout.group_size='four': expected int, got str"),
+    ({'rollout': 3}, 'config.rollout=3: is a section; got int'),
+    ({'rollout.group_size.x': 3},
+     "config.rollout.group_size=4: is a value, not a section (in override 'rollout.group_size.x')"),
+])
+def test_bad_overrides_name_the_key(overrides, message):
+  with pytest.raises(api.ConfigError) as e:
+    api.load_config('grpo_arith:tiny', overrides)
+  assert str(e.value) == message
+
+
+def test_recipe_errors_are_one_line(tmp_path):
+  with pytest.raises(api.RecipeError, match=r"^config file not found: 'configs/nope\.py' "
+                     r"\(from 'nope'; relative to "):
+    api.load_config('nope')
+  broken = tmp_path / 'broken.py'
+  broken.write_text('def get_config(arg=None):\n  return {"not": "a ConfigDict"}\n')
+  with pytest.raises(api.RecipeError, match='get_config\\(\\) returned dict, not a ConfigDict'):
+    api.load_config(str(broken))
+
+
+def test_importing_the_api_does_not_import_jax():
+  code = ('import sys\nfrom rft_jax import api\nimported = "jax" in sys.modules\ntry:\n'
+          '  api.load_config("grpo_arith:tiny", {"rollout.group_size": 1})\n'
+          'except api.ConfigError:\n  print(imported, "jax" in sys.modules)')
+  result = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=False)
+  assert result.stdout.split() == ['False', 'False'], result.stderr
+
+
+# --- Runs ------------------------------------------------------------------------------------
+
+def test_history_is_the_metrics_file(run):
+  path = os.path.join(run.workdir, 'metrics.jsonl')
+  assert run.history == sinks.read_jsonl(path, kind='train')
+  assert [r['step'] for r in run.history] == list(range(1, STEPS + 1))
+  assert all(np.isfinite(r['reward/mean']) and 'kl' in r for r in run.history)
+  assert [e['step'] for e in run.evals] == [0, STEPS]
+  assert 'eval/base_greedy_acc' in run.evals[0] and 'eval/greedy_acc' in run.evals[-1]
+  assert run.summary['steps'] == STEPS
+  assert run.summary['final_greedy_acc'] == run.evals[-1]['eval/greedy_acc']
+  assert run.incidents == [] and run.summary['incidents'] == 0
+  steps, values = run.series('loss')
+  assert steps == list(range(1, STEPS + 1)) and values == [r['loss'] for r in run.history]
+  reopened = api.open_run(run.workdir)
+  assert reopened.history == run.history and reopened.summary == run.summary
+  with pytest.raises(ValueError, match='without its config'):
+    reopened.policy  # pylint: disable=pointless-statement
+
+
+def test_recorder_keeps_what_the_jsonl_sink_writes(tmp_path):
+  """Where telemetry.jsonl is off, Run reads its records from the Recorder hook instead."""
+  jsonl, recorder = sinks.JsonlSink(str(tmp_path / 'm.jsonl')), api.Recorder()
+  for hook in (jsonl, recorder):
+    hook.on_start(0, 2, {'recipe': 'x'})
+    hook.on_eval(0, {'eval/base_greedy_acc': 0.5})
+    hook.on_step(1, {'loss': 1.5, 'reward/mean': float('nan')})
+    hook.on_message('hello')
+    hook.on_incident(2, {'kind': 'incident', 'fault_class': 'kl_explosion', 'evidence': []})
+    hook.on_end({'steps': 2})
+  jsonl.close()
+  want = sinks.read_jsonl(str(tmp_path / 'm.jsonl'))
+  assert len(recorder.records) == len(want) == 6
+  for have, expected in zip(recorder.records, want):
+    assert have.keys() == expected.keys()
+    assert all(have[k] == expected[k] or (have[k] != have[k] and expected[k] != expected[k])
+               for k in have)
+
+
+def test_train_leaves_the_config_alone(trained):
+  config, before, run = trained
+  assert config.to_dict() == before
+  assert config.telemetry.console and not run.config.telemetry.console   # progress=False
+
+
+# --- The policy ------------------------------------------------------------------------------
+
+def test_policy_is_the_final_checkpoint(run):
+  policy = run.policy
+  assert policy.step == STEPS
+  base = api.load_policy(run.config)
+  assert base.step == 0
+  moved = [not np.allclose(a, b) for a, b in zip(jax.tree.leaves(policy.params),
+                                                 jax.tree.leaves(base.params))]
+  assert any(moved), 'the trained policy has the starting params'
+  # The trainer's own eval of its final params, computed again from the checkpoint.
+  final = {k: v for k, v in run.evals[-1].items() if k.startswith('eval/')}
+  assert api.evaluate(policy) == final
+  base_eval = {k.replace('eval/base_', 'eval/'): v for k, v in run.evals[0].items()
+               if k.startswith('eval/')}
+  assert api.evaluate(base) == base_eval
+
+
+def test_greedy_samples_match_the_evaluator(run):
+  policy, config = run.policy, run.config
+  c = policy.components
+  evaluator = evaluation.Evaluator(
+      c.graphdef, c.model_cfg, c.tokenizer, components.eval_batch(c, config),
+      max_new_tokens=config.rollout.max_new_tokens, k=config.eval.k,
+      temperature=config.eval.temperature, seed=config.seed)
+  expected = evaluator.samples(policy.params, n=6)
+  greedy = api.sample(policy, [p for p, _, _ in expected], temperature=0.0)
+  assert [g[0] for g in greedy] == [completion for _, completion, _ in expected]
+
+
+def test_sample_shapes_and_seeds(run):
+  prompts = ['12+7=', '40-13=', '9*8=']
+  out = api.sample(run.policy, prompts, n=5, seed=3)
+  assert len(out) == 3 and all(len(group) == 5 for group in out)
+  assert all(isinstance(t, str) and re.fullmatch(r'-?\d*', t) for group in out for t in group)
+  assert api.sample(run.policy, prompts, n=5, seed=3) == out
+  several = [api.sample(run.policy, prompts, n=5, seed=s) for s in range(4, 8)]
+  assert any(other != out for other in several), 'the seed changes nothing'
+  with pytest.raises(TypeError, match=r"wrap one prompt in a list"):
+    api.sample(run.policy, '12+7=')
+  with pytest.raises(ValueError, match=r'prompt 0 .* > max_prompt_len=8 '
+                                       r'\(config.task.max_prompt_len\)'):
+    api.sample(run.policy, ['12345+67890='])
+
+
+# --- Meshes ----------------------------------------------------------------------------------
+
+def test_choose_mesh_prefers_data_parallel_then_shards():
+  from rft_jax.parallel import memory  # pylint: disable=g-import-not-at-top
+  config = tiny()
+  model_cfg = components.model_config(config)
+  est = {shape: memory.estimate_run(config, model_cfg, shape, reference=True).peak
+         for shape in ((8, 1, 1), (1, 8, 1))}
+  assert est[(1, 8, 1)] < est[(8, 1, 1)]
+  assert api.choose_mesh(config, num_devices=8, device_bytes=None) == dict(data=8, fsdp=1,
+                                                                           tensor=1)
+  between = int((est[(1, 8, 1)] + est[(8, 1, 1)]) / 2 / 0.9)
+  assert api.choose_mesh(config, num_devices=8, device_bytes=between) == dict(data=1, fsdp=8,
+                                                                              tensor=1)
+  with pytest.raises(api.SetupError, match='no mesh of 8 devices fits'):
+    api.choose_mesh(config, num_devices=8, device_bytes=1024)
+
+
+# --- The README ------------------------------------------------------------------------------
+
+def readme_example() -> str:
+  with open(os.path.join(REPO, 'README.md'), encoding='utf-8') as f:
+    readme = f.read()
+  section = readme.split('\n## Python API\n', 1)[1].split('\n## ', 1)[0]
+  return re.search(r'```python\n(.*?)```', section, re.S).group(1)
+
+
+def test_readme_example_runs_verbatim(tmp_path):
+  code = readme_example()
+  assert 10 >= len(code.strip().splitlines()) >= 8
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'TMPDIR': str(tmp_path)}
+  result = subprocess.run([sys.executable, '-c', code], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  last = result.stdout.strip().splitlines()[-2:]
+  samples, evaluated = ast.literal_eval(last[0]), ast.literal_eval(last[1])
+  assert len(samples) == 2 and all(len(group) == 4 for group in samples)
+  assert set(evaluated) == {'eval/greedy_acc', 'eval/mean@2_acc'}
+  assert os.listdir(tmp_path), 'the run did not go to a temporary workdir'
+
+
+def test_progress_is_live_in_a_terminal_and_in_jupyter_with_ipywidgets(monkeypatch):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import io  # pylint: disable=g-import-not-at-top
+  from rich.console import Console  # pylint: disable=g-import-not-at-top
+  from rft_jax.telemetry import console as console_lib  # pylint: disable=g-import-not-at-top
+  assert console_lib.live_display(Console(force_terminal=True))
+  assert not console_lib.live_display(Console(file=io.StringIO(), force_terminal=False))
+  real = importlib.util.find_spec
+  for has_widgets in (True, False):
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a, w=has_widgets: (
+        (object() if w else None) if name == 'ipywidgets' else real(name, *a)))
+    jupyter = Console(force_jupyter=True)
+    # Without ipywidgets rich's live display shows nothing in Jupyter: plain lines instead.
+    assert console_lib.live_display(jupyter) == has_widgets
+    assert console_lib.ConsoleSink(console=jupyter)._live == has_widgets  # pylint: disable=protected-access
