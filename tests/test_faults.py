@@ -167,3 +167,11 @@ def test_plan_and_onsets():
   ci = faultbench.plan('ci', [1, 2])
   assert {s['fault'] for s in ci} == {'healthy', 'lr_spike', 'mask_shift', 'reward_length',
                                       'lr_schedule_step'}
+
+
+def test_plan_filters_faults_and_modes():
+  specs = faultbench.plan('full', [2], ['healthy', 'adv_sign_flip', 'resume'], ['warn'])
+  assert sorted(s['name'] for s in specs) == ['adv_sign_flip-s2-warn', 'healthy-s2-warn',
+                                              'resume-s2-warn']
+  with pytest.raises(ValueError, match='unknown'):
+    faultbench.plan('full', [2], ['no_such_fault'])

@@ -1,6 +1,7 @@
 """FaultBench: inject real faults into live GRPO runs and score the failure monitor.
 
   python -m tools.faultbench --suite ci|full [--jobs N] [--out DIR] [--seeds 1,2]
+                            [--faults healthy,adv_sign_flip,...] [--modes warn]
 
 Every run is the arithmetic GRPO recipe (configs/grpo_arith.py) shrunk to fit many runs on a
 CPU (BENCH_OVERRIDES), from the shipped base policy, with one fault of rft_jax/faults.py
@@ -56,8 +57,10 @@ def onset_for(seed: int, fault: str, steps: int) -> int:
   return int(rng.integers(int(0.3 * steps), int(0.6 * steps) + 1))
 
 
-def plan(suite: str, seeds: list[int]) -> list[dict]:
-  """The run specs of a suite."""
+def plan(suite: str, seeds: list[int], faults: list[str] | None = None,
+         modes: list[str] | None = None) -> list[dict]:
+  """The run specs of a suite; `faults` (names of fault types, benign changes or 'healthy')
+  and `modes` ('warn', 'auto') keep only the matching runs."""
   steps = 40 if suite == 'ci' else 60
   faulted, benign = (CI_FAULTS, CI_BENIGN) if suite == 'ci' else (FAULTED, BENIGN)
   seeds = seeds[:1] if suite == 'ci' else seeds
@@ -68,6 +71,14 @@ def plan(suite: str, seeds: list[int]) -> list[dict]:
   if suite == 'full':
     specs.append({'fault': 'healthy', 'seed': seeds[0], 'mode': 'auto'})
     specs += [{'fault': f, 'seed': seeds[0], 'mode': 'auto'} for f in faulted]
+  if faults:
+    unknown = set(faults) - {'healthy', *faultlib.FAULTS}
+    if unknown:
+      raise ValueError(f'--faults: unknown {sorted(unknown)}; known: healthy, '
+                       + ', '.join(faultlib.FAULT_TYPES))
+    specs = [s for s in specs if s['fault'] in faults]
+  if modes:
+    specs = [s for s in specs if s['mode'] in modes]
   for s in specs:
     s['steps'] = steps
     s['onset'] = onset_for(s['seed'], s['fault'], steps) if s['fault'] != 'healthy' else steps + 1
@@ -149,6 +160,9 @@ def main(argv=None) -> int:
   ap.add_argument('--jobs', type=int, default=2)
   ap.add_argument('--seeds', default='1,2')
   ap.add_argument('--out', default=None)
+  ap.add_argument('--faults', default='',
+                  help='comma list: keep only these fault types / benign changes / healthy')
+  ap.add_argument('--modes', default='', help='comma list of modes to keep (warn, auto)')
   ap.add_argument('--rescore', action='store_true', help='score an existing results.jsonl')
   args = ap.parse_args(argv)
   out = args.out or os.path.join('runs', f'faultbench_{args.suite}')
@@ -157,7 +171,8 @@ def main(argv=None) -> int:
     with open(os.path.join(out, 'results.jsonl')) as f:
       records = [json.loads(line) for line in f]
   else:
-    specs = plan(args.suite, [int(s) for s in args.seeds.split(',')])
+    specs = plan(args.suite, [int(s) for s in args.seeds.split(',')],
+                 [f for f in args.faults.split(',') if f], [m for m in args.modes.split(',') if m])
     print(f'FaultBench {args.suite}: {len(specs)} runs, {args.jobs} jobs, out {out}', flush=True)
     records = run_all(specs, out, args.jobs)
   scores = faultbench_score.score(records)

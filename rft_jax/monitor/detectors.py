@@ -83,6 +83,8 @@ class MonitorConfig:
   release: an active signature stays active while its strength is >= release (hysteresis: a
     fault that hovers at threshold yields one incident, not many).
   stall_persistence: steps zero_std_frac must stay above its threshold (signals.INVARIANTS).
+  credit_persistence: steps the advantage/correctness disagreement must stay above its
+    threshold (signals.INVARIANTS; rft_jax/monitor/credit.py).
   invariant_score: the score of a violated invariant (exact checks outrank drift evidence).
   """
   warmup: int = 10
@@ -103,6 +105,7 @@ class MonitorConfig:
   not_up_max: float = 0.5
   release: float = 0.5
   stall_persistence: int = 5
+  credit_persistence: int = 3
   invariant_score: float = 100.0
 
 

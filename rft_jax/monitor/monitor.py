@@ -84,7 +84,8 @@ def _invariants(state: MonitorState, metrics: Mapping[str, Any], cfg: MonitorCon
   is_nonfinite = np.array([kd == 'nonfinite' for kd in kinds])
   violated = jnp.where(is_nonfinite, value > 0.5, value > sig.INVARIANT_THRESHOLD)
   run = jnp.where(violated, state.invariant_run + 1, 0)
-  need = np.where(sig.INVARIANT_PERSIST, cfg.stall_persistence, 1)
+  need = np.array([getattr(cfg, sig.PERSIST_FIELD[kd]) if kd in sig.PERSIST_FIELD else 1
+                   for kd in kinds], np.int32)
   score = jnp.where(run >= need, cfg.invariant_score, 0.0).astype(jnp.float32)
   return run, score, state.step[..., None] - run + 1, value
 

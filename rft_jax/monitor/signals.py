@@ -56,11 +56,26 @@ SCALE_FLOOR = np.array([fl for _, _, fl in SIGNAL_TABLE], np.float32)    # [S]
 #   'above'          violated when value > threshold, on the first such step
 #   'above_persist'  violated when value > threshold for MonitorConfig.stall_persistence
 #                    consecutive steps (a single all-equal batch is not a fault, a streak is)
+#   'above_credit'   violated when value > threshold for MonitorConfig.credit_persistence
+#                    consecutive steps
+# The two credit invariants (rft_jax/monitor/credit.py) read (1 - mean within-group correlation
+# of the advantage with a per-row reference) / 2, ~ the share of groups trained in the wrong
+# direction. Thresholds from first principles, not from FaultBench runs:
+#   adv_reward_disagreement: against the reward the estimator received it is 0 by construction
+#     for every group estimator (affine increasing within a group); 0.25 (a quarter of the
+#     informative groups reversed) leaves room for KL-in-reward shaping and float rounding, and
+#     one step over it is a bug between the estimator and the loss (like the mask invariant).
+#   adv_correct_disagreement: against the verifier's correctness it is ~0 when correctness
+#     dominates the reward (format bonus 0.1 vs 1: at most a few hundredths on healthy batches,
+#     synthetic.credit_batch_stats); the same 0.25 for credit_persistence steps in a row, so a
+#     recipe with heavier shaping needs a sustained reversal, not one odd batch, to alarm.
 INVARIANTS: tuple[tuple[str, str, float], ...] = (
     ('invariant/nonfinite', 'nonfinite', 0.0),
     ('invariant/group_adv_mean_max', 'above', 1e-3),
     ('invariant/prompt_loss_tokens', 'above', 0.0),
     ('invariant/zero_std_frac', 'above_persist', 0.95),
+    ('invariant/adv_reward_disagreement', 'above', 0.25),
+    ('invariant/adv_correct_disagreement', 'above_credit', 0.25),
 )
 INVARIANT_NAMES: tuple[str, ...] = tuple(name for name, _, _ in INVARIANTS)
 # The metric keys each invariant reads.
@@ -69,9 +84,13 @@ INVARIANT_SOURCES: dict[str, tuple[str, ...]] = {
     'invariant/group_adv_mean_max': ('invariant/group_adv_mean_max',),
     'invariant/prompt_loss_tokens': ('invariant/prompt_loss_tokens',),
     'invariant/zero_std_frac': ('reward/zero_std_frac',),
+    'invariant/adv_reward_disagreement': ('invariant/adv_reward_disagreement',),
+    'invariant/adv_correct_disagreement': ('invariant/adv_correct_disagreement',),
 }
 INVARIANT_THRESHOLD = np.array([thr for _, _, thr in INVARIANTS], np.float32)  # [I]
-INVARIANT_PERSIST = np.array([kind == 'above_persist' for _, kind, _ in INVARIANTS])  # [I]
+INVARIANT_PERSIST = np.array([kind.startswith('above_') for _, kind, _ in INVARIANTS])  # [I]
+# The MonitorConfig field holding the streak length each persistent kind needs.
+PERSIST_FIELD = {'above_persist': 'stall_persistence', 'above_credit': 'credit_persistence'}
 
 
 def _values(metrics: Mapping[str, Any], keys) -> tuple[dict[str, jnp.ndarray], tuple[int, ...]]:

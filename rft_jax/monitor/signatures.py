@@ -78,6 +78,17 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature('prompt_tokens_in_loss', 'credit_assignment', 'critical',
               (C('invariant/prompt_loss_tokens', 'up'),), 'halt',
               'the loss mask covers prompt tokens: the policy is trained on its inputs'),
+    Signature('advantage_reward_mismatch', 'credit_assignment', 'critical',
+              (C('invariant/adv_reward_disagreement', 'up'),), 'halt',
+              'within groups the advantages the loss uses do not follow the rewards they were '
+              'computed from (some groups trained in the wrong direction): an advantage sign or '
+              'row-order bug between the estimator and the loss; no knob fixes it'),
+    Signature('advantage_correctness_mismatch', 'credit_assignment', 'critical',
+              (C('invariant/adv_correct_disagreement', 'up'),), 'halt',
+              'within groups the advantages do not follow the verifier\'s correctness for '
+              'several steps: rewards attached to the wrong completions (group/row ids mixed '
+              'up), advantage signs flipped, or the reward pipeline corrupting rewards (noise, '
+              'sign flips, a shaping term outweighing correctness)'),
     Signature('reward_stall', 'reward_stall', 'warn',
               (C('invariant/zero_std_frac', 'up'),), 'raise_temperature',
               'almost every group scores all-equal for several steps: no learning signal left'),

@@ -13,6 +13,11 @@ verifiable task, with every speed and noise level randomised per trace:
   response/clip_frac   ~0.03 +- 0.02 (spikes with length)
   grad_norm            lognormal around U(.3,.8), sd U(.1,.3), x2-3 spikes on 0.5-3% of steps
   mismatch             ~1e-7 lognormal; invariants exactly 0; lr constant.
+  invariant/adv_*_disagreement  from a simulated batch per step (credit_batch_stats): 16 prompts
+                       x 8 completions, per-prompt solve rate p_t + N(0, .25) clipped, reward =
+                       correct + 0.1 * format (format 1 when correct, else ~Bernoulli(.9)),
+                       1% invalid rows, GRPO advantages. Drawn from rng.spawn, so the other
+                       signals' draws are those of traces without it.
 `inject(trace, fault_class, onset, strength)` overlays the pattern of one fault class from
 `onset` on (u = t - onset >= 0), keeping the trace's own noise.
 """
@@ -75,7 +80,51 @@ def healthy_trace(rng: np.random.Generator, steps: int = 300) -> dict[str, np.nd
       'mismatch/logp_abs_diff': u(5e-8, 3e-7) * lognormal(0.2),
       'lr': np.full(steps, 10 ** u(-6, -5)),
       'invariant/group_adv_mean_max': zeros.copy(), 'invariant/prompt_loss_tokens': zeros.copy(),
+      **credit_batch_stats(rng.spawn(1)[0], np.clip(p, 0, 1)),
   }
+
+
+def _group_disagreement(a, x, valid):
+  """NumPy twin of rft_jax.monitor.credit.group_corr, vectorised over leading dims:
+  a, x, valid [..., Gn, G] -> (1 - mean over informative groups of rho_g) / 2 [...] (NaN: none)."""
+  m = valid.astype(np.float64)
+  n = m.sum(-1)
+  safe = np.maximum(n, 1)[..., None]
+  da = (a - (a * m).sum(-1, keepdims=True) / safe) * m
+  dx = (x - (x * m).sum(-1, keepdims=True) / safe) * m
+  cov, va, vx = (da * dx).sum(-1), (da * da).sum(-1), (dx * dx).sum(-1)
+  inf = (n >= 2) & (vx > 1e-6 * (x * x * m).sum(-1) + 1e-12)
+  cnt = inf.sum(-1)
+  with np.errstate(invalid='ignore', divide='ignore'):
+    rho = np.where(va > 0, cov / np.sqrt(np.where(va > 0, va * vx, 1.0)), 0.0)
+    mean = np.where(cnt > 0, np.where(inf, rho, 0).sum(-1) / np.maximum(cnt, 1), np.nan)
+  return (1 - mean) / 2
+
+
+def credit_batch_stats(rng: np.random.Generator, p_t: np.ndarray, flip_frac=0.0,
+                       shuffle_frac=0.0, groups: int = 16, group_size: int = 8):
+  """Per-step credit invariants of simulated GRPO batches (see module doc). flip_frac [T] or
+  scalar: share of groups whose advantages are negated; shuffle_frac: share of groups whose
+  rewards are permuted across those groups (as faults.FaultInjector does)."""
+  steps = len(p_t)
+  shape = (steps, groups, group_size)
+  q = np.clip(p_t[:, None, None] + rng.normal(0, 0.25, (steps, groups, 1)), 0, 1)
+  correct = (rng.random(shape) < q).astype(np.float64)
+  fmt = np.where(correct > 0, 1.0, (rng.random(shape) < 0.9).astype(np.float64))
+  valid = rng.random(shape) >= 0.01
+  reward = np.where(valid, correct + 0.1 * fmt, 0.0)
+  shuffle = rng.random((steps, groups)) < np.broadcast_to(shuffle_frac, (steps,))[:, None]
+  for t in np.flatnonzero(shuffle.any(-1)):
+    rows = reward[t][shuffle[t]].reshape(-1)
+    reward[t][shuffle[t]] = rng.permutation(rows).reshape(-1, group_size)
+  n = np.maximum(valid.sum(-1, keepdims=True), 1)
+  mean = (reward * valid).sum(-1, keepdims=True) / n
+  std = np.sqrt((((reward - mean) * valid) ** 2).sum(-1, keepdims=True) / n)
+  adv = np.where(valid & (std > 1e-6), (reward - mean) / (std + 1e-6), 0.0)
+  flip = rng.random((steps, groups)) < np.broadcast_to(flip_frac, (steps,))[:, None]
+  adv = np.where(flip[..., None], -adv, adv)
+  return {'invariant/adv_reward_disagreement': _group_disagreement(adv, reward, valid),
+          'invariant/adv_correct_disagreement': _group_disagreement(adv, correct, valid)}
 
 
 def inject(trace: dict[str, np.ndarray], fault_class: str, onset: int, strength: float = 1.0,
@@ -83,8 +132,9 @@ def inject(trace: dict[str, np.ndarray], fault_class: str, onset: int, strength:
   """A copy of `trace` with `fault_class` starting at step `onset`.
 
   strength scales the fault's speed / size (1.0: the reference pattern below). For
-  'credit_assignment' rng picks the variant (mixed-up groups vs prompt tokens in the loss mask);
-  without rng it is the advantage variant.
+  'credit_assignment' rng picks the variant: 'adv' (a group's advantages do not sum to 0), 'mask'
+  (prompt tokens in the loss mask), 'sign' (advantages of half the groups negated x strength),
+  'shuffle' (rewards of every group x strength attached to other rows); without rng it is 'adv'.
   """
   out = {k: np.array(v, dtype=np.float64, copy=True) for k, v in trace.items()}
   steps = len(out['kl'])
@@ -149,8 +199,15 @@ def inject(trace: dict[str, np.ndarray], fault_class: str, onset: int, strength:
     out['loss'][onset] = np.nan
     out['grad_norm'][onset] = np.inf
   elif fault_class == 'credit_assignment':
-    variant = 'adv' if rng is None else rng.choice(['adv', 'mask'])
-    if variant == 'adv':
+    variant = 'adv' if rng is None else rng.choice(['adv', 'mask', 'sign', 'shuffle'])
+    if variant in ('sign', 'shuffle'):
+      sim = credit_batch_stats(
+          rng, np.clip(out['reward/correct/mean'], 0, 1),
+          flip_frac=np.where(on, min(0.5 * s, 1.0), 0.0) if variant == 'sign' else 0.0,
+          shuffle_frac=np.where(on, min(s, 1.0), 0.0) if variant == 'shuffle' else 0.0)
+      for k, v in sim.items():
+        out[k] = np.where(on, v, out[k])
+    elif variant == 'adv':
       out['invariant/group_adv_mean_max'][on] = 0.2 * s
       out['adv/mean'][on] += 0.05 * s
     else:
