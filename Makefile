@@ -8,8 +8,10 @@ WORKDIR ?= runs/grpo_arith
 CONFIG ?= configs/grpo_arith.py
 export JAX_PLATFORMS ?= cpu
 export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
+# Cache every compiled program, not only those over JAX's default 1 s (most of the tiny model's).
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 
-.PHONY: run test test-all setup bench base clean
+.PHONY: run test test-all setup bench base clean notebooks
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +30,11 @@ test: setup
 test-all: setup  # includes the slow end-to-end runs
 	$(PY) -m pytest -q -n 2 -m ''
 
-bench: setup
+# Regenerate the notebooks' .ipynb from their jupytext sources (or the sources from an edited .ipynb).
+notebooks: setup
+	$(VENV)/bin/jupytext --sync experiments/notebooks/*.py
+
+bench: setup  # the issue-11 GRPO workload; `--compare trl` needs pip install -e '.[compare]'
 	$(PY) -m tools.bench
 
 # Rebuild the shipped base policy (rft_jax/assets/arith_base) from scratch with the SFT recipe.

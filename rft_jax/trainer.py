@@ -21,18 +21,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from rft_jax import components, evaluation, faults, rollouts, runs
-from rft_jax.algorithms import grpo
+from rft_jax.algorithms import kl_control, ppo
+from rft_jax.algorithms import step_fns as step_fns_lib
 from rft_jax.algorithms import train_state as ts
 from rft_jax.data import pipeline
 from rft_jax.models import functional as lm
+from rft_jax.monitor import credit
 from rft_jax.monitor import monitor as monlib
 from rft_jax.monitor.detectors import MonitorConfig
 from rft_jax.monitor.remediation import Controls, Remediator
 from rft_jax.monitor.signatures import SIGNATURES
+from rft_jax.parallel import hostdata
 from rft_jax.parallel import mesh as meshlib
 from rft_jax.rewards.runner import RewardRunner
 from rft_jax.sampling.sampler import SamplingConfig, make_sampler
-from rft_jax.telemetry import flops, sinks
+from rft_jax.scaling import live as scaling_live
+from rft_jax.telemetry import flops, sinks, vocabulary
 from rft_jax.telemetry.metrics import completion_diversity
 
 TrainingError = runs.TrainingError
@@ -60,8 +64,10 @@ def device_controls(controls: Controls, config, step: int) -> dict:
   return {'lr_scale': jnp.float32(lr), 'kl_coef': jnp.float32(kl)}
 
 
-def observe(state: ts.TrainState, metrics: dict, *, mcfg):
-  """Monitor update on device -> (state, alarm arrays); identity when the monitor is off."""
+def observe(state: ts.TrainState, metrics: dict, *, mcfg, algo=None, rows: int = 0):
+  """End of a step on device: the adaptive KL controller's update (kl_control.py; identity when
+  fixed), then the monitor's -> (state, alarm arrays); no alarms when the monitor is off."""
+  state = kl_control.update(state, metrics, algo, rows)
   if mcfg is None:
     return state, {}
   mstate, alarms = monlib.monitor_update(state.monitor, metrics, mcfg)
@@ -73,6 +79,7 @@ class IncidentLog:
 
   def __init__(self, workdir: str, resume_step: int):
     self.path = os.path.join(workdir, 'incidents.jsonl')
+    self.primary = jax.process_index() == 0   # only process 0 writes; all keep the entries
     self.entries = []
     if os.path.exists(self.path):
       with open(self.path) as f:
@@ -81,10 +88,14 @@ class IncidentLog:
 
   def add(self, entry: dict) -> None:
     self.entries.append(entry)
+    if not self.primary:
+      return
     with open(self.path, 'a') as f:
       f.write(json.dumps(entry) + '\n')
 
   def _rewrite(self) -> None:
+    if not self.primary:
+      return
     with open(self.path + '.tmp', 'w') as f:
       f.writelines(json.dumps(e) + '\n' for e in self.entries)
     os.replace(self.path + '.tmp', self.path)
@@ -105,14 +116,24 @@ class IncidentLog:
 
 
 def run(config, workdir: str, hooks_extra=()) -> dict:
-  """Trains config's RL recipe in workdir (resuming if possible). Returns summary.json's dict."""
+  """Trains config's RL recipe in workdir (resuming if possible). Returns summary.json's dict.
+
+  Everything is traced under jax.set_mesh(config's mesh), so the model's activation sharding
+  constraints (rft_jax/parallel/rules.py constrain) act in the sampler and the train step.
+  """
   t_start = time.time()
+  c = components.build(config)   # outside the mesh context: params are placed explicitly
+  with jax.set_mesh(c.mesh):
+    return _run(config, workdir, hooks_extra, c, t_start)
+
+
+def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: float) -> dict:
   os.makedirs(workdir, exist_ok=True)
-  c = components.build(config)
   mode, mcfg, watch_steps, lr_factor = monitor_settings(config)
-  algo = grpo.GRPOConfig.from_config(config, use_reference=mode == 'auto')
+  algo = ppo.algo_config(config, use_reference=mode == 'auto')   # GRPOConfig or PPOConfig
   rollout_rows = config.rollout.prompts_per_step * config.rollout.group_size
-  if rollout_rows % (meshlib.batch_divisor(c.mesh) * algo.microbatches):
+  if rollout_rows % (meshlib.batch_divisor(c.mesh) * algo.microbatches *
+                     getattr(algo, 'minibatches', 1)):
     raise components.SetupError(
         f'config.rollout: prompts_per_step*group_size={rollout_rows} is not divisible by '
         f'data*fsdp={meshlib.batch_divisor(c.mesh)} times algo.microbatches={algo.microbatches}')
@@ -122,28 +143,36 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
         f' times it must divide prompts_per_step*group_size={rollout_rows}')
   components.check_memory(c, config, algo)   # one-line error before an accelerator OOM
   tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
+  critic_opt = ppo.critic_optimizer(config, algo)   # {} unless PPO
   ref_params = jax.tree.map(jnp.copy, c.params) if algo.use_reference else None
   skipped = (pipeline.BadRecords(f'{config.task.name} train split')
              if config.task.get('bad_records', 'error') == 'skip' else None)
   data_it = pipeline.prompt_batches(
       c.train_source, c.tokenizer, max_prompt_len=config.task.max_prompt_len,
       batch_size=config.rollout.prompts_per_step, seed=config.seed,
-      shard_index=jax.process_index(), shard_count=jax.process_count(), bad_records=skipped)
+      bad_records=skipped)   # the global batch on every process: rft_jax/parallel/hostdata.py
   controls0 = Controls(kl_coef=algo.kl_coef, temperature=config.rollout.temperature)
   opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra,
                          controls=device_controls(controls0, config, 1),
-                         monitor=monlib.init_monitor(mcfg) if mcfg else None)
+                         monitor=monlib.init_monitor(mcfg) if mcfg else None,
+                         extra=ppo.extra_state(c, algo, **critic_opt))
   state, shardings, ckpt, meta, hooks, start, reset_ref = opened
   total = config.train.steps
   if start >= total and 'final_eval' in meta:
     return runs.finish_complete_run(config, workdir, opened)
   batch_sh, rep = meshlib.batch_sharding(c.mesh), meshlib.replicated(c.mesh)
+  # Prompts are split over data x fsdp like the train batch when they divide evenly (sampling is
+  # then split too); host arrays (the global value on every process) are placed the same way.
+  prompt_sh = (batch_sh if config.rollout.prompts_per_step % meshlib.batch_divisor(c.mesh) == 0
+               else rep)
+  to_device = lambda x: x if isinstance(x, jax.Array) else hostdata.place(x, batch_sh)
   remediator = Remediator(mode, controls0, watch_steps=watch_steps, lr_factor=lr_factor)
   if 'remediator' in meta:
     remediator.load_state_dict(meta['remediator'])
   if reset_ref is not None:   # remediation had reset the reference policy before the checkpoint
     ref_params = reset_ref
   incident_log = IncidentLog(workdir, start)
+  live_fit = scaling_live.LiveFit.from_config(config, meta)   # no-op unless scaling.live_every
 
   injector = faults.FaultInjector(config.get('faults', []), config.seed,
                                   config.rollout.group_size, total)
@@ -159,24 +188,25 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
 
   @functools.cache
   def step_fns(bf16: bool):
-    """(prepare, train_step) jitted; bf16=True only under the bf16_logits fault."""
+    """make_step_fns for this run; bf16=True only under the bf16_logits fault."""
     graphdef = c.graphdef if not bf16 else lm.abstract_params(
         dataclasses.replace(c.model_cfg, dtype='bfloat16'))[0]
-    prepare = jax.jit(functools.partial(grpo.prepare_batch, graphdef=graphdef, algo=algo),
-                      out_shardings=(batch_sh, rep))
-    train_step = jax.jit(
-        functools.partial(grpo.train_step, graphdef=graphdef, algo=algo, tx=tx,
-                          schedule=schedule),
-        in_shardings=(shardings, batch_sh), out_shardings=(shardings, rep), donate_argnums=0)
-    return prepare, train_step
+    return step_fns_lib.make_step_fns(graphdef, algo, tx, schedule, shardings, batch_sh, rep,
+                                      critic_opt)
   corrupt = jax.jit(faults.corrupt_batch, static_argnames='shift_mask', out_shardings=batch_sh)
+  # Credit-assignment signals on the advantages the loss consumes (rft_jax/monitor/credit.py);
+  # none for token-level (PPO) advantages.
+  credit_fn = None if ppo.is_ppo(algo) else jax.jit(functools.partial(
+      credit.credit_metrics, group_size=config.rollout.group_size), out_shardings=rep)
+  primary = credit.primary_verifier(config.rewards.weights)
   hard_it = None
   if any(f['type'] == 'curriculum_switch' for f in injector.faults):
     hard_it = pipeline.prompt_batches(
         faults.hard_arith_records(c.train_source), c.tokenizer,
         max_prompt_len=config.task.max_prompt_len, batch_size=config.rollout.prompts_per_step,
         seed=config.seed + 1)
-  observe_fn = jax.jit(functools.partial(observe, mcfg=mcfg), donate_argnums=0,
+  observe_fn = jax.jit(functools.partial(observe, mcfg=mcfg, algo=algo, rows=rollout_rows),
+                       donate_argnums=0,
                        out_shardings=(shardings, rep))
   evaluator = evaluation.Evaluator(
       c.graphdef, c.model_cfg, c.tokenizer, components.eval_batch(c, config),
@@ -189,7 +219,8 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
   rollout_stage = rollouts.RolloutStage(
       config, algo, data_it, c.tokenizer, runner, sampler,
       check=lambda r, s, t: check_rewards(r, config.rewards.get('max_invalid_frac', 1.0), s, t),
-      on_message=hooks.on_message, skipped=skipped, injector=injector, hard_it=hard_it)
+      on_message=hooks.on_message, skipped=skipped, injector=injector, hard_it=hard_it,
+      place_prompts=lambda x: hostdata.place(x, prompt_sh))
 
   if 'base_eval' not in meta:
     meta['base_eval'] = evaluator(c.params)
@@ -203,20 +234,32 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       t0 = time.time()
       # Sample and score (one round, or DAPO's refill rounds): rft_jax/rollouts.py.
       got = rollout_stage(state.params, step, remediator.controls.temperature)
-      rollout, t2 = got.rollout, time.time()
+      rollout, t2 = jax.tree.map(to_device, got.rollout), time.time()
       t1 = t2 - got.reward_s
-      prepare, train_step = step_fns(injector.trainer_bf16(step))
-      batch, metrics = prepare(state.params, state.params if ref_params is None else ref_params,
-                               rollout, jnp.asarray(got.rewards_b), jnp.asarray(got.valid_b))
-      sign_b, shift = injector.batch_faults(step, len(got.rewards_b))
-      if sign_b is not None:   # injected credit-assignment faults (FaultBench)
-        batch = corrupt(batch, jnp.asarray(sign_b), shift_mask=shift)
-        p = rollout.prompt_tokens_bp.shape[1]   # the invariant, on the mask actually used
-        metrics['invariant/prompt_loss_tokens'] = batch['loss_mask'][:, :p - 1].sum()
+      prepare, train_step, fused = step_fns(injector.trainer_bf16(step))
       state = state.replace(controls=jax.device_put(   # same placement as the step outputs:
           device_controls(remediator.controls, config, step), rep))   # no second compile
-      for _ in range(algo.updates_per_batch):
-        state, step_metrics = train_step(state, batch)
+      rewards_d, valid_d = to_device(got.rewards_b), to_device(got.valid_b)
+      sign_b, shift = injector.batch_faults(step, len(got.rewards_b))
+      if fused is not None and sign_b is None:   # reference + policy passes in one program
+        state, metrics, adv_b = fused(state, ref_params, rollout, rewards_d, valid_d)
+        step_metrics = {}
+      else:
+        batch, metrics = prepare(state.params,
+                                 state.params if ref_params is None else ref_params,
+                                 rollout, rewards_d, valid_d,
+                                 **ppo.prepare_args(state, algo))   # critic, in-reward KL coef
+        if sign_b is not None:   # injected credit-assignment faults (FaultBench)
+          batch = corrupt(batch, jnp.asarray(sign_b), shift_mask=shift)
+          p = rollout.prompt_tokens_bp.shape[1]   # the invariant, on the mask actually used
+          metrics['invariant/prompt_loss_tokens'] = batch['loss_mask'][:, :p - 1].sum()
+        adv_b = batch['adv']
+        for _ in range(algo.updates_per_batch):
+          state, step_metrics = train_step(state, batch)
+      if credit_fn is not None:   # on the advantages the train step consumed (after any fault)
+        correct_b = got.rewards.per_verifier.get(primary, got.rewards_b)
+        metrics.update(credit_fn(adv_b, rewards_d,
+                                 to_device(np.asarray(correct_b, np.float32)), valid_d))
       reward_metrics = {**got.rewards.metrics(), **got.metrics}
       metrics = {**metrics, **step_metrics,
                  **{k: jnp.float32(v) for k, v in reward_metrics.items()}}
@@ -227,14 +270,15 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
         metrics.update({k: float(v) for k, v in monlib.alarm_metrics(alarms).items()})
       t3 = time.time()
       gen_tokens = got.gen_tokens   # all rounds' tokens
-      metrics.update(completion_diversity(rollout.tokens_bt, rollout.mask_bt))
+      metrics.update(completion_diversity(hostdata.to_host(rollout.tokens_bt),
+                                         hostdata.to_host(rollout.mask_bt)))
       if skipped is not None:
         metrics['data/skipped_records'] = float(skipped.total)   # in this invocation
       metrics.update({'time/step_s': t3 - t0, 'time/sample_s': t1 - t0,
                       'time/reward_s': t2 - t1, 'time/train_s': t3 - t2,
                       'throughput/tokens_per_s': gen_tokens / max(t3 - t0, 1e-9)})
       metrics.update(step_compute(config, c.model_cfg, metrics, meta))
-      hooks.on_step(step, metrics)
+      hooks.on_step(step, vocabulary.with_aliases(metrics))   # + verl names (README table)
 
       if mcfg is not None:
         decision = handle_alarms(alarms, step, remediator, hooks, incident_log,
@@ -275,7 +319,9 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       if step % config.train.eval_every == 0 or last:
         result = evaluator(state.params)
         meta['last_eval'] = result
-        hooks.on_eval(step, result)
+        live = live_fit.observe_eval(step, result, meta)   # scaling/* metrics, anomaly incident
+        hooks.on_eval(step, {**result, **live.metrics})
+        live.report(step, hooks, incident_log)
         if last:
           meta['final_eval'] = result
       stopping = stop.agreed()
@@ -289,10 +335,11 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
   finally:
     stop.restore()
     runner.close()
-  if mcfg is not None:
+  if mcfg is not None or live_fit.enabled:
     report = incident_log.report()
-    with open(os.path.join(workdir, 'incidents.md'), 'w') as f:
-      f.write(f'# Failure monitor report: {config.name}\n\n{report}\n')
+    if incident_log.primary:
+      with open(os.path.join(workdir, 'incidents.md'), 'w') as f:
+        f.write(f'# Failure monitor report: {config.name}\n\n{report}\n')
     hooks.on_message('failure monitor: ' + report.replace('\n', '\n  '))
   summary = runs.make_summary(config, meta['base_eval'], meta['final_eval'], total,
                               wall_before + time.time() - t_start)

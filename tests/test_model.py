@@ -196,7 +196,7 @@ def test_cached_decode_matches_full_forward(model):
       graphdef, params, tok, pos, jnp.asarray(kv_valid), cache, idx))
   cache = init_cache(cfg, b, s)
   assert len(cache) == cfg.num_hidden_layers
-  assert cache[0]['k'].shape == (b, s, cfg.num_key_value_heads, cfg.head_dim)
+  assert cache[0]['k'].shape == (b, cfg.num_key_value_heads, s, cfg.head_dim)
   prefill, cache = step(pure, prompt, positions_from_mask(jnp.asarray(prompt_mask)), cache, 0)
   decoded = []
   for i in range(n_new):

@@ -1,106 +1,195 @@
-"""Benchmark the default recipe: sampler and train-step tokens/s, FLOP/s, and the monitor's cost.
+"""Benchmarks: the GRPO workload of issue 11 phase by phase, optionally beside TRL; or a recipe.
 
-  python -m tools.bench [--config configs/grpo_arith.py] [--repeats 10]
+  python -m tools.bench [--steps 20] [--warmup 2] [--compare trl] [--out experiments/bench]
+  python -m tools.bench --recipe configs/grpo_arith.py [--repeats 10]
 
-Train-step FLOPs come from XLA's cost analysis of the compiled step (attention included), with the
-analytic 6N per token beside it. Sampler FLOPs are analytic (2N per prefill and decode token):
-XLA's cost analysis counts a while_loop body only once. Timings exclude compilation (one warm-up call) and report the
-median of --repeats calls. Numbers are for whatever machine runs this: the device line says which.
+The default run (tools/bench_workload.py: a 4.72M-parameter Llama-shaped model, 16 prompts x 8
+completions, 32 new tokens, beta 0.04, one update per batch) measures, on the machine it runs on:
+per-phase seconds of rft_jax's GRPO step through the trainer's own jitted functions
+(tools/bench_grpo.py: generate = prefill + decode, reference pass, policy update, verifier, host),
+medians with min/max over --steps steps after --warmup; prefill and decode tokens/s; model
+FLOP/s of the policy update against a matmul rate measured here; peak host memory; compile time
+and time to first step in fresh processes with a cold, then a warm, persistent compilation cache.
+`--compare trl` runs TRL's GRPOTrainer (tools/bench_trl.py; `pip install '.[compare]'`) on the
+identical model, exported to HF format, and workload, one step of each in turn, and adds its
+phases and the ratio TRL / rft_jax. Results: <out>/grpo_<workload>.json and .md.
+`--recipe` runs the older per-recipe bench (tools/bench_recipe.py: sampler and train-step
+tokens/s, XLA FLOP/s, the failure monitor's cost).
 """
 import argparse
-import functools
-import platform
-import statistics
+import dataclasses
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-from rft_jax import components
-from rft_jax.algorithms import grpo
-from rft_jax.algorithms import train_state as ts
-from rft_jax.data import pipeline
-from rft_jax.monitor import monitor as monlib
-from rft_jax.monitor.detectors import MonitorConfig
-from rft_jax.monitor.signals import SIGNALS
-from rft_jax.monitor.signatures import SIGNATURES
-from rft_jax.sampling.sampler import SamplingConfig, make_sampler
-from tools.export_base import load_config
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def timed(fn, args, repeats):
-  jax.block_until_ready(fn(*args))   # compile + warm up
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
+def _child_cmd(module: str, assets: str, w) -> list[str]:
+  # Started with -c, not -m: the reward pool's spawned workers then import only what the
+  # verifiers need, not the benchmark module (-m makes each of them re-import it, JAX and all).
+  return [sys.executable, '-c', f'import sys; from {module} import main; sys.exit(main())',
+          '--assets', assets, '--workload', json.dumps(dataclasses.asdict(w))]
 
 
-def xla_flops(jitted, args) -> float:
-  cost = jitted.lower(*args).compile().cost_analysis()
-  if isinstance(cost, list):
-    cost = cost[0]
-  return float(cost.get('flops', float('nan'))) if cost else float('nan')
+def first_step_runs(assets: str, w) -> dict:
+  """Time to first step in fresh processes: a cold, then a warm, compilation cache."""
+  out, cache = {}, tempfile.mkdtemp(prefix='rft_bench_cache_')
+  try:
+    for name in ('cold', 'warm'):
+      env = {**os.environ, 'JAX_COMPILATION_CACHE_DIR': cache}
+      t = time.time()
+      done = subprocess.run(_child_cmd('tools.bench_grpo', assets, w) + ['--first-step'],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+      lines = [l for l in done.stdout.splitlines() if l.startswith('RESULT ')]
+      if done.returncode or not lines:
+        out[name] = {'error': (done.stderr or done.stdout).strip().splitlines()[-1:]}
+        continue
+      r = json.loads(lines[-1][len('RESULT '):])
+      r['ttfs_s'] = r.pop('end_time') - t
+      out[name] = r
+  finally:
+    shutil.rmtree(cache, ignore_errors=True)
+  return out
 
 
-def main():
+class TrlProcess:
+  """tools.bench_trl in a child process, stepped one step at a time."""
+
+  def __init__(self, assets: str, w, steps: int, log_path: str):
+    self.log = open(log_path, 'w')
+    self.proc = subprocess.Popen(
+        _child_cmd('tools.bench_trl', assets, w) + ['--steps', str(steps)], cwd=REPO,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+    self.info = self._read('READY ')
+
+  def _read(self, prefix: str) -> dict:
+    for line in self.proc.stdout:
+      if line.startswith(prefix):
+        return json.loads(line[len(prefix):])
+    self.proc.wait()
+    self.log.flush()
+    with open(self.log.name) as f:
+      tail = [l.strip() for l in f.read().splitlines() if l.strip()][-1:]
+    raise RuntimeError(f'bench_trl exited ({self.proc.returncode}): {" ".join(tail)}')
+
+  def step(self) -> dict:
+    self.proc.stdin.write('go\n')
+    self.proc.stdin.flush()
+    return self._read('STEP ')
+
+  def finish(self) -> dict:
+    self.proc.stdin.close()
+    done = self._read('DONE ')
+    self.proc.wait(timeout=120)
+    self.log.close()
+    return done
+
+
+def run_workload(args) -> dict:
+  # pylint: disable=g-import-not-at-top  (JAX only for the workload mode)
+  import jax
+  from flax import nnx
+  from rft_jax.models import functional as lm
+  from rft_jax.models.llama import ModelConfig
+  from tools import bench_grpo, bench_report, bench_workload as wl
+  w = wl.TINY if args.tiny else wl.ISSUE
+  matmul_n = 256 if args.tiny else 2048
+  result = {'workload': dataclasses.asdict(w), 'machine': bench_report.machine(),
+            'warmup': args.warmup, 'matmul_n': matmul_n,
+            'workload_text': (f"{'tiny' if args.tiny else 'issue 11'}: "
+                              f"{ModelConfig.from_dict(w.model_dict()).num_params():,} params, "
+                              f"{w.prompts_per_step} prompts x {w.group_size}, prompts "
+                              f"{w.prompt_len_min}-{w.prompt_len_max} tokens, {w.max_new_tokens} "
+                              f"new tokens, beta {w.kl_coef}, 1 update per batch, fp32")}
+  result['matmul_flops_s'] = bench_report.matmul_rate(matmul_n)
+  assets = tempfile.mkdtemp(prefix='rft_bench_assets_')
+  try:
+    model_cfg = ModelConfig.from_dict(w.model_dict())
+    _, state = lm.create(model_cfg, w.seed)
+    wl.write_assets(w, nnx.to_pure_dict(state), model_cfg, assets, args.warmup + args.steps)
+    if not args.skip_first_step:
+      result['first_step'] = first_step_runs(assets, w)
+    side = bench_grpo.RftSide(w, assets)
+    trl = None
+    if args.compare == 'trl':
+      try:
+        trl = TrlProcess(assets, w, args.warmup + args.steps,
+                         os.path.join(assets, 'trl_stderr.log'))
+        result['trl'] = {'versions': trl.info['versions'], 'params': trl.info['params'],
+                         'torch_threads': trl.info['torch_threads'],
+                         'setup_s': trl.info['setup_s']}
+      except (RuntimeError, OSError) as e:
+        result['trl'] = {'error': str(e)}
+    rft_steps, trl_steps = [], []
+    for i in range(args.warmup + args.steps):   # one step of each in turn
+      r = side.step(i)
+      if i >= args.warmup:
+        rft_steps.append(r)
+      if trl is not None:
+        t = trl.step()
+        if i >= args.warmup:
+          trl_steps.append({**t, 'sample_s': t.get('generate_s', 0.0)})
+      print(f"step {i}: rft_jax {r['step_s']:.3f} s" + (
+          f", TRL {t['step_s']:.3f} s" if trl is not None else ''), flush=True)
+    side.runner.close()
+    phases = bench_report.summarise(rft_steps)
+    f = side.flops(0)
+    med = lambda k: phases[k]['median']
+    rollout = side.sampler(side.state.params, *side.prompts(0), jax.random.key(0))
+    xla = bench_grpo.xla_flops(side.fused, side.state, side.ref_params, rollout,
+                               jax.numpy.zeros(w.rows), jax.numpy.ones(w.rows, bool))
+    gen_tokens = sum(s['gen_tokens'] for s in rft_steps) / len(rft_steps)
+    result['rft_jax'] = {
+        'phases': phases, 'steps': rft_steps, 'flops': f, 'xla_train_flops': xla,
+        'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        'derived': {'prefill_tok_s': f['prompt_tokens'] / med('prefill_s'),
+                    'gen_tokens': gen_tokens, 'decode_tok_s': gen_tokens / med('decode_s'),
+                    'update_flops_s': f['policy_update'] / med('policy_s'),
+                    'update_mfu': f['policy_update'] / med('policy_s') / result['matmul_flops_s'],
+                    'train_xla_flops_s': xla / med('train_s')}}
+    if trl is not None:
+      result['trl'].update(trl.finish())
+      result['trl']['phases'] = bench_report.summarise(trl_steps)
+      result['trl']['steps'] = trl_steps
+      result['ratio'] = {k: v['median'] / phases[k]['median']
+                         for k, v in result['trl']['phases'].items() if k in phases}
+  finally:
+    shutil.rmtree(assets, ignore_errors=True)
+  return result
+
+
+def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument('--config', default='configs/grpo_arith.py')
-  ap.add_argument('--repeats', type=int, default=10)
-  args = ap.parse_args()
-  config = load_config(args.config)
-  c = components.build(config)
-  n_params = c.model_cfg.num_params()
-  cpu = platform.processor() or platform.machine()
-  print(f'device: {jax.device_count()} x {jax.devices()[0].device_kind} ({cpu}), '
-        f'jax {jax.__version__}; model {n_params:,} params')
-
-  g, t_new = config.rollout.group_size, config.rollout.max_new_tokens
-  prompts = next(pipeline.prompt_batches(
-      c.train_source, c.tokenizer, max_prompt_len=config.task.max_prompt_len,
-      batch_size=config.rollout.prompts_per_step, seed=0))
-  # Sampling with EOS disabled (eos_id=-1) so every row decodes all T tokens: a fixed workload.
-  sampler = make_sampler(c.graphdef, c.model_cfg, SamplingConfig(
-      max_new_tokens=t_new, eos_id=-1, pad_id=c.tokenizer.pad_id, temperature=1.0), group_size=g)
-  s_args = (c.params, prompts['prompt_tokens'], prompts['prompt_mask'], jax.random.key(0))
-  rows = config.rollout.prompts_per_step * g
-  dt = timed(sampler, s_args, args.repeats)
-  gen = rows * t_new
-  # XLA's cost analysis counts a while_loop body once, so the decode loop is under-counted:
-  # use the analytic 2N FLOPs per processed token (prefill P + T decoded; attention excluded).
-  flops = 2 * n_params * rows * (prompts['prompt_tokens'].shape[1] + t_new)
-  print(f'sampler   : {rows} rows x {t_new} new tokens: {dt * 1e3:8.1f} ms  '
-        f'{gen / dt:10,.0f} tok/s  {flops / dt / 1e9:8.2f} GFLOP/s (analytic 2N per prefill '
-        f'and decode token: {flops / 1e9:.3f} GFLOP)')
-
-  rollout = sampler(*s_args)
-  algo = grpo.GRPOConfig.from_config(config)
-  rewards = jnp.asarray(np.random.default_rng(0).integers(0, 2, rows), jnp.float32)
-  prepare = jax.jit(functools.partial(grpo.prepare_batch, graphdef=c.graphdef, algo=algo))
-  batch, _ = prepare(c.params, c.params, rollout, rewards, jnp.ones(rows, bool))
-  tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
-  state = ts.TrainState(step=jnp.int32(0), params=c.params, opt_state=tx.init(c.params))
-  step = jax.jit(functools.partial(grpo.train_step, graphdef=c.graphdef, algo=algo, tx=tx,
-                                   schedule=schedule))
-  dt = timed(step, (state, batch), args.repeats)
-  flops = xla_flops(step, (state, batch))
-  tokens = int(np.prod(batch['tokens'].shape))
-  print(f'train step: {rows} rows x {batch["tokens"].shape[1]} tokens: {dt * 1e3:8.1f} ms  '
-        f'{tokens / dt:10,.0f} tok/s  {flops / dt / 1e9:8.2f} GFLOP/s (XLA count '
-        f'{flops / 1e9:.3f} GFLOP; analytic 6N/token {6 * n_params * tokens / 1e9:.3f})')
-
-  # The failure monitor's on-device update, on the metrics the step really produces.
-  _, metrics = step(state, batch)
-  mcfg = MonitorConfig()
-  mstate = monlib.init_monitor(mcfg)
-  update = jax.jit(functools.partial(monlib.monitor_update, cfg=mcfg))
-  dm = timed(update, (mstate, metrics), max(args.repeats, 50))
-  print(f'monitor   : {dm * 1e3:8.3f} ms per update = {100 * dm / dt:.2f}% of the train step '
-        f'({len(SIGNALS)} signals, {len(SIGNATURES)} signatures)')
+  ap.add_argument('--steps', type=int, default=20, help='timed steps (after --warmup)')
+  ap.add_argument('--warmup', type=int, default=2)
+  ap.add_argument('--compare', choices=['trl'], default=None)
+  ap.add_argument('--out', default='experiments/bench')
+  ap.add_argument('--tiny', action='store_true', help='a seconds-long workload (tests)')
+  ap.add_argument('--skip-first-step', action='store_true',
+                  help='skip the time-to-first-step subprocesses')
+  ap.add_argument('--recipe', default=None, help='bench this recipe instead (bench_recipe.py)')
+  ap.add_argument('--repeats', type=int, default=10, help='--recipe: timed calls')
+  args = ap.parse_args(argv)
+  if args.recipe:
+    from tools import bench_recipe  # pylint: disable=g-import-not-at-top
+    bench_recipe.run(args.recipe, args.repeats)
+    return None
+  os.makedirs(args.out, exist_ok=True)
+  result = run_workload(args)
+  from tools import bench_report  # pylint: disable=g-import-not-at-top
+  paths = bench_report.write(result, args.out, 'grpo_tiny' if args.tiny else 'grpo_issue11')
+  print(bench_report.markdown(result))
+  print('wrote ' + ', '.join(paths))
+  return result
 
 
 if __name__ == '__main__':
+  from rft_jax import compile_cache  # pylint: disable=g-import-not-at-top
+  compile_cache.enable()   # as rft_jax.main does (the time-to-first-step runs set their own)
   main()

@@ -21,7 +21,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from rft_jax.algorithms import corrections, registry
+from rft_jax.algorithms import corrections, kl_control, registry
 from rft_jax.algorithms.advantages import group_stats
 from rft_jax.algorithms import train_state as ts
 from rft_jax.algorithms.losses import kl_penalty, token_mean
@@ -55,6 +55,9 @@ class GRPOConfig:
   tis_cap: float = 0.0          # truncated importance sampling cap C; 0 = off (corrections.py)
   dynamic_sampling: bool = False   # host-side (rft_jax/rollouts.py): drop zero-spread groups
   max_sampling_rounds: int = 4     # ... and refill from at most this many prompt batches
+  kl_ctrl: str = 'fixed'        # 'fixed' | 'adaptive' KL coefficient (kl_control.py)
+  kl_target: float = 0.1        # adaptive: the KL the controller steers towards
+  kl_horizon: float = 10000.0   # adaptive: horizon in sequences (verl's default)
 
   def __post_init__(self):
     if self.kl_coef > 0:
@@ -76,27 +79,34 @@ class GRPOConfig:
                 clip_eps_high=self.clip_eps_high, clip_c=self.clip_c)
 
 
-def sequence_logprobs(graphdef, params, tokens_bs, mask_bs):
-  """log pi(token_{l+1} | tokens_{<=l}) and the policy entropy at each position -> two [B, L]."""
-  logits = lm.forward(graphdef, params, tokens_bs, mask_bs)[:, :-1]
+def sequence_logprobs(graphdef, params, tokens_bs, mask_bs, first: int = 0):
+  """log pi(token_{l+1} | tokens_{<=l}) and the policy entropy at each position -> two [B, L].
+
+  first > 0 (static): the LM head and softmax run on positions l >= first only, and both are 0
+  before it. With first = P - 1 that is the completion: the loss never reads prompt positions.
+  """
+  logits = lm.forward(graphdef, params, tokens_bs, mask_bs, logits_from=first)[:, :-1]
   logp_blv = jax.nn.log_softmax(logits, axis=-1)
-  logp_bl = jnp.take_along_axis(logp_blv, tokens_bs[:, 1:, None], axis=-1)[..., 0]
-  return logp_bl, token_entropy(logits)
+  logp_bl = jnp.take_along_axis(logp_blv, tokens_bs[:, first + 1:, None], axis=-1)[..., 0]
+  pad = lambda x_bl: jnp.pad(x_bl, ((0, 0), (first, 0))) if first else x_bl
+  return pad(logp_bl), pad(token_entropy(logits))
 
 
-def score_logprobs(graphdef, params, tokens_bs, mask_bs, chunks: int = 1):
+def score_logprobs(graphdef, params, tokens_bs, mask_bs, chunks: int = 1, first: int = 0):
   """The log-probs of sequence_logprobs -> [B, L], computed `chunks` row chunks at a time.
 
   Only [B / chunks, L, V] logits exist at once (a lax.map over chunks), so a real vocabulary fits
   (152k x 128 rows x 900 positions would be ~70 GB in one pass). Chunk c holds rows c, c + n,
   c + 2n, ... (n = chunks): with rows sharded over the data axis, every chunk spans every shard.
-  Each row is scored on its own, so the values equal the single pass (chunks = 1).
+  Each row is scored on its own, so the values equal the single pass (chunks = 1). first: as
+  sequence_logprobs.
   """
+  kw = {'first': first} if first else {}
   if chunks <= 1:
-    return sequence_logprobs(graphdef, params, tokens_bs, mask_bs)[0]
+    return sequence_logprobs(graphdef, params, tokens_bs, mask_bs, **kw)[0]
   b = tokens_bs.shape[0]
   split = lambda x: x.reshape(b // chunks, chunks, *x.shape[1:]).swapaxes(0, 1)
-  logp_nbl = jax.lax.map(lambda tm: sequence_logprobs(graphdef, params, *tm)[0],
+  logp_nbl = jax.lax.map(lambda tm: sequence_logprobs(graphdef, params, *tm, **kw)[0],
                          (split(tokens_bs), split(mask_bs)))
   return logp_nbl.swapaxes(0, 1).reshape(b, -1)
 
@@ -113,7 +123,7 @@ def rollout_sequences(rollout: Rollout):
 
 
 def prepare_batch(params, ref_params, rollout: Rollout, rewards_b, valid_b, *, graphdef,
-                  algo: GRPOConfig):
+                  algo: GRPOConfig, kl_coef=None):
   """Scores a rollout with the trainer: old and reference log-probs, advantages, metrics.
 
   Rows with invalid rewards (valid_b False) are dropped from the loss by zeroing their mask, and
@@ -123,11 +133,9 @@ def prepare_batch(params, ref_params, rollout: Rollout, rewards_b, valid_b, *, g
   'tis_weight' [B, L] (corrections.tis_weights); metrics hold the sampler/trainer mismatch.
   Also returns the exact invariants the monitor checks: the largest |mean advantage| of a group
   (0 for group-normalised estimators) and the number of loss tokens on prompt positions (0).
+  kl_coef (traced scalar, default algo.kl_coef) weights the KL in the reward (kl_in_reward).
   """
-  tokens_bs, mask_bs, loss_mask_bl, sampler_logp_bl = rollout_sequences(rollout)
-  loss_mask_bl = loss_mask_bl * valid_b[:, None]
-  if algo.overlong == 'mask':
-    loss_mask_bl = corrections.overlong_loss_mask(loss_mask_bl, rollout.truncated_b)
+  tokens_bs, mask_bs, _, _ = rollout_sequences(rollout)
   chunks = algo.score_chunks or algo.microbatches
   old_logp_bl = score_logprobs(graphdef, params, tokens_bs, mask_bs, chunks)
   old_logp_bl = jax.lax.stop_gradient(old_logp_bl)
@@ -135,14 +143,28 @@ def prepare_batch(params, ref_params, rollout: Rollout, rewards_b, valid_b, *, g
     ref_logp_bl = score_logprobs(graphdef, ref_params, tokens_bs, mask_bs, chunks)
   else:
     ref_logp_bl = old_logp_bl
+  return assemble_batch(rollout, old_logp_bl, ref_logp_bl, rewards_b, valid_b, algo=algo,
+                        kl_coef=kl_coef)
+
+
+def assemble_batch(rollout: Rollout, old_logp_bl, ref_logp_bl, rewards_b, valid_b, *,
+                   algo: GRPOConfig, kl_coef=None):
+  """prepare_batch after its forward passes: the batch and metrics from old and reference
+  log-probs [B, L] (ref_logp_bl = old_logp_bl without a reference). Also used by
+  grpo_fused.fused_step, whose old log-probs are the update's own forward pass."""
+  tokens_bs, mask_bs, loss_mask_bl, sampler_logp_bl = rollout_sequences(rollout)
+  loss_mask_bl = loss_mask_bl * valid_b[:, None]
+  if algo.overlong == 'mask':
+    loss_mask_bl = corrections.overlong_loss_mask(loss_mask_bl, rollout.truncated_b)
   estimator = registry.get_advantage(algo.advantage)
   metrics = {}
   adv_rewards_b = rewards_b
   if algo.kl_in_reward and algo.use_reference and algo.kl_coef:
     kl_b = (kl_penalty(old_logp_bl, ref_logp_bl, algo.kl_estimator) * loss_mask_bl).sum(-1)
-    adv_rewards_b = rewards_b - algo.kl_coef * kl_b
+    kl_coef = algo.kl_coef if kl_coef is None else kl_coef
+    adv_rewards_b = rewards_b - kl_coef * kl_b
     metrics['kl_reward/seq_kl'] = masked_mean(kl_b, valid_b)
-    metrics['kl_reward/penalty'] = algo.kl_coef * metrics['kl_reward/seq_kl']
+    metrics['kl_reward/penalty'] = kl_coef * metrics['kl_reward/seq_kl']
   adv_b = estimator(adv_rewards_b, valid_b, algo.group_size)
   batch = {'tokens': tokens_bs, 'mask': mask_bs, 'loss_mask': loss_mask_bl,
            'old_logp': old_logp_bl, 'ref_logp': ref_logp_bl, 'adv': adv_b}
@@ -182,6 +204,13 @@ def loss_fn(params, mb, *, graphdef, algo: GRPOConfig, kl_coef=None):
   sums also hold 'count/tokens', and train_step turns those sums into exact token means.
   """
   logp_bl, entropy_bl = sequence_logprobs(graphdef, params, mb['tokens'], mb['mask'])
+  return loss_terms(logp_bl, entropy_bl, mb, algo=algo, kl_coef=kl_coef)
+
+
+def loss_terms(logp_bl, entropy_bl, mb, *, algo: GRPOConfig, kl_coef=None):
+  """loss_fn after the forward pass: the policy's log-probs and entropies [B, L] -> (loss sum,
+  (count, metric sums)). Shared with PPO (rft_jax/algorithms/ppo.py), whose forward pass also
+  yields the values."""
   mask_bl = mb['loss_mask']
   pg_bl, stats = registry.get_loss(algo.loss)(logp_bl, mb['old_logp'], mb['adv'], mask_bl,
                                               **algo.loss_options())
@@ -233,10 +262,16 @@ def token_means(metrics: dict) -> dict:
 
 def train_step(state: ts.TrainState, batch: dict, *, graphdef, algo: GRPOConfig, tx, schedule):
   """One optimiser update on a prepared batch -> (state, metrics). Pure; jit with donation."""
-  kl_coef = state.control('kl_coef', algo.kl_coef)
+  kl_coef = kl_control.coef(state, algo)   # controls['kl_coef'] x the adaptive scale, if any
   grads, metrics = ts.accumulate_grads(
       lambda p, mb: loss_fn(p, mb, graphdef=graphdef, algo=algo, kl_coef=kl_coef), state.params,
       batch, algo.microbatches)
+  return finish_update(state, grads, metrics, kl_coef, tx, schedule)
+
+
+def finish_update(state: ts.TrainState, grads, metrics: dict, kl_coef, tx, schedule):
+  """train_step after its gradients (of the global mean loss) and metric means: the optimiser
+  update and the step's metrics."""
   metrics = token_means(metrics)
   metrics['kl_coef'] = kl_coef
   state, opt_stats = ts.apply_gradients(state, grads, tx, schedule)

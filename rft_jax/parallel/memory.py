@@ -11,7 +11,7 @@ With mesh (d, f, t), n = d * f (batch rows are split n ways), c = bytes of the c
   grads        params, x 2 with micro-batches > 1 (the accumulator and one micro-batch's grads)
   kv_cache     2 * layers * (B / n) * S * (K / t) * D * c
                B = prompts_per_step * group_size rows, S = max_prompt_len + max_new_tokens;
-               the cache [B, S, K, D] is split as the model constrains it: rows over data * fsdp,
+               the cache [B, K, S, D] is split as the model constrains it: rows over data * fsdp,
                KV heads over tensor (llama.py; B / n is rounded up when n does not divide B)
   activations  an ESTIMATE of what the train step's backward pass keeps (no rematerialisation):
                b = B / (microbatches * n) rows, L = S tokens, E hidden, F MLP, H, K heads, D, V:

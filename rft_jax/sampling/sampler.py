@@ -77,16 +77,38 @@ def choose(logits_bv: jax.Array, rng: jax.Array, cfg: SamplingConfig):
   return token.astype(jnp.int32), jnp.take_along_axis(logp_v, token[:, None], axis=-1)[:, 0]
 
 
+def prefill(graphdef, params, prompt_tokens_bp, prompt_mask_bp, *, model_cfg: ModelConfig,
+            max_new_tokens: int, group_size: int = 1):
+  """The prompt pass -> (last-position logits [B*G, V], KV cache with B*G rows and P + T slots).
+
+  Each prompt runs through the model once; its logits and cache rows are then repeated for the
+  G rows of its group (rows [g*G, (g+1)*G) belong to prompt g), so the prefill costs B, not
+  B*G, prompt passes.
+  """
+  b, p = prompt_tokens_bp.shape
+  kv_valid_bs = jnp.concatenate(
+      [prompt_mask_bp.astype(bool), jnp.ones((b, max_new_tokens), bool)], 1)
+  cache = lm.init_cache(model_cfg, b, p + max_new_tokens)
+  logits, cache = lm.forward_cached(graphdef, params, prompt_tokens_bp,
+                                    lm.positions_from_mask(prompt_mask_bp), kv_valid_bs, cache, 0)
+  repeat = lambda x: jnp.repeat(x, group_size, axis=0) if group_size > 1 else x
+  return repeat(logits[:, -1]), jax.tree.map(repeat, cache)
+
+
 def sample(graphdef, params, prompt_tokens_bp, prompt_mask_bp, rng, *, model_cfg: ModelConfig,
-           cfg: SamplingConfig) -> Rollout:
-  """Samples T = cfg.max_new_tokens tokens after each left-padded prompt. Pure; jit it."""
+           cfg: SamplingConfig, group_size: int = 1) -> Rollout:
+  """Samples T = cfg.max_new_tokens tokens after each left-padded prompt, group_size times per
+  prompt (B*G rows out, see prefill). Pure; jit it."""
+  last_logits_bv, cache = prefill(graphdef, params, prompt_tokens_bp, prompt_mask_bp,
+                                  model_cfg=model_cfg, max_new_tokens=cfg.max_new_tokens,
+                                  group_size=group_size)
+  if group_size > 1:
+    prompt_tokens_bp = jnp.repeat(prompt_tokens_bp, group_size, axis=0)
+    prompt_mask_bp = jnp.repeat(prompt_mask_bp, group_size, axis=0)
   b, p = prompt_tokens_bp.shape
   t_max = cfg.max_new_tokens
   prompt_len_b = prompt_mask_bp.sum(-1).astype(jnp.int32)
   kv_valid_bs = jnp.concatenate([prompt_mask_bp.astype(bool), jnp.ones((b, t_max), bool)], 1)
-  cache = lm.init_cache(model_cfg, b, p + t_max)
-  logits, cache = lm.forward_cached(graphdef, params, prompt_tokens_bp,
-                                    lm.positions_from_mask(prompt_mask_bp), kv_valid_bs, cache, 0)
 
   def cond(carry):
     i, _, _, done_b, *_ = carry
@@ -105,7 +127,7 @@ def sample(graphdef, params, prompt_tokens_bp, prompt_mask_bp, rng, *, model_cfg
                                           (prompt_len_b + i)[:, None], kv_valid_bs, cache, p + i)
     return i + 1, logits_b1v[:, 0], cache, done_b, tokens_bt, logp_bt, rng
 
-  init = (jnp.int32(0), logits[:, -1], cache, jnp.zeros((b,), bool),
+  init = (jnp.int32(0), last_logits_bv, cache, jnp.zeros((b,), bool),
           jnp.full((b, t_max), cfg.pad_id, jnp.int32), jnp.zeros((b, t_max), jnp.float32), rng)
   _, _, _, done_b, tokens_bt, logp_bt, _ = jax.lax.while_loop(cond, body, init)
   # Mask: tokens up to and including the first EOS. Slots never written (early exit) only exist
@@ -124,9 +146,6 @@ def make_sampler(graphdef, model_cfg: ModelConfig, cfg: SamplingConfig, group_si
   group of prompt g.
   """
   def fn(params, prompt_tokens_bp, prompt_mask_bp, rng):
-    if group_size > 1:
-      prompt_tokens_bp = jnp.repeat(prompt_tokens_bp, group_size, axis=0)
-      prompt_mask_bp = jnp.repeat(prompt_mask_bp, group_size, axis=0)
     return sample(graphdef, params, prompt_tokens_bp, prompt_mask_bp, rng,
-                  model_cfg=model_cfg, cfg=cfg)
+                  model_cfg=model_cfg, cfg=cfg, group_size=group_size)
   return jax.jit(fn)

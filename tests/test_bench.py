@@ -1,0 +1,64 @@
+"""tools/bench on the tiny workload: the structure of its JSON and markdown (no timing checks)."""
+import dataclasses
+import json
+import math
+
+import pytest
+
+from tools import bench, bench_workload
+
+PHASES = ('step_s', 'sample_s', 'ref_s', 'policy_s', 'verify_s', 'host_s', 'prefill_s',
+          'decode_s', 'train_s')
+
+
+def check_phases(phases: dict, keys=PHASES):
+  for k in keys:
+    assert set(phases[k]) == {'median', 'min', 'max', 'n'}, k
+    assert phases[k]['min'] <= phases[k]['median'] <= phases[k]['max'], k
+
+
+def test_bench_writes_phases_throughput_and_machine(tmp_path):
+  bench.main(['--tiny', '--steps', '2', '--warmup', '1', '--skip-first-step',
+              '--out', str(tmp_path)])
+  result = json.loads((tmp_path / 'grpo_tiny.json').read_text())
+  assert result['workload'] == dataclasses.asdict(bench_workload.TINY)
+  assert {'cpu', 'cores', 'jax', 'device', 'load_avg_1min'} <= set(result['machine'])
+  assert result['matmul_flops_s'] > 0
+  rft = result['rft_jax']
+  check_phases(rft['phases'])
+  assert rft['phases']['step_s']['n'] == 2 and len(rft['steps']) == 2
+  for k in ('prefill_tok_s', 'decode_tok_s', 'update_flops_s', 'update_mfu', 'gen_tokens',
+            'train_xla_flops_s'):
+    assert math.isfinite(rft['derived'][k]) and rft['derived'][k] > 0, k
+  assert rft['peak_rss_mib'] > 0
+  table = (tmp_path / 'grpo_tiny.md').read_text()
+  assert '| system | step | generate | reference fwd | policy fwd+bwd+update |' in table
+  assert '| rft_jax |' in table and 'update FLOP/s / matmul rate' in table
+
+
+def test_verifier_and_prompts_are_deterministic():
+  a, b = (bench_workload.make_prompts(bench_workload.ISSUE, 2) for _ in range(2))
+  assert a == b
+  lens = [len(ids) for batch in a for ids in batch['ids']]
+  assert min(lens) >= 18 and max(lens) <= 26 and len(a[0]['ids']) == 16
+  assert bench_workload.first_even('t10 t3', '') == 1.0
+  assert bench_workload.first_even('t11', '') == bench_workload.first_even('', '') == 0.0
+
+
+@pytest.mark.slow
+def test_bench_time_to_first_step_and_trl_comparison(tmp_path):
+  """The fresh-process time-to-first-step runs, and TRL beside rft_jax when it is installed."""
+  args = ['--tiny', '--steps', '2', '--warmup', '1', '--out', str(tmp_path)]
+  try:
+    import trl  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    args += ['--compare', 'trl']
+  except ImportError:
+    pass
+  result = bench.main(args)
+  for name in ('cold', 'warm'):
+    f = result['first_step'][name]
+    assert f['ttfs_s'] > f['first_step_s'] > 0 and f['xla_compiles'] > 0, f
+  assert result['first_step']['warm']['cache_hits'] > 0
+  if '--compare' in args:
+    check_phases(result['trl']['phases'], ('step_s', 'sample_s', 'ref_s', 'policy_s'))
+    assert set(result['ratio']) >= {'step_s', 'sample_s', 'ref_s', 'policy_s'}
