@@ -69,3 +69,12 @@ def mismatch_metrics(old_logp_bl, sampler_logp_bl, loss_mask_bl, tis_cap: float 
     out['mismatch/tis_weight_mean'] = (jnp.minimum(ratio, tis_cap) * m).sum() / n
     out['mismatch/tis_clip_frac'] = ((ratio > tis_cap) * m).sum() / n
   return out
+
+
+def add_mismatch(batch: dict, metrics: dict, old_logp_bl, sampler_logp_bl, loss_mask_bl,
+                 tis_cap: float) -> None:
+  """In place: the sampler/trainer mismatch metrics (mismatch_metrics) and, with tis_cap > 0,
+  batch['tis_weight'] [B, L] (tis_weights). Shared by the GRPO and PPO batch preparation."""
+  metrics.update(mismatch_metrics(old_logp_bl, sampler_logp_bl, loss_mask_bl, tis_cap))
+  if tis_cap:
+    batch['tis_weight'] = tis_weights(old_logp_bl, sampler_logp_bl, loss_mask_bl, tis_cap)

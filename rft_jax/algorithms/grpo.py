@@ -181,11 +181,8 @@ def assemble_batch(rollout: Rollout, old_logp_bl, ref_logp_bl, rewards_b, valid_
   p = rollout.prompt_tokens_bp.shape[1]
   metrics['invariant/prompt_loss_tokens'] = loss_mask_bl[:, :p - 1].sum()
   # Sampler/trainer mismatch: same params, so only numerics and sampling temperature differ.
-  metrics.update(corrections.mismatch_metrics(old_logp_bl, sampler_logp_bl, loss_mask_bl,
-                                              algo.tis_cap))
-  if algo.tis_cap:
-    batch['tis_weight'] = corrections.tis_weights(old_logp_bl, sampler_logp_bl, loss_mask_bl,
-                                                  algo.tis_cap)
+  corrections.add_mismatch(batch, metrics, old_logp_bl, sampler_logp_bl, loss_mask_bl,
+                           algo.tis_cap)
   return batch, metrics
 
 

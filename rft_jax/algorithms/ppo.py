@@ -177,11 +177,8 @@ def prepare_batch(params, ref_params, rollout: Rollout, rewards_b, valid_b, *, g
   metrics['critic/vf_explained_var'] = critic.explained_variance(old_values_bl, returns_bl,
                                                                  loss_mask_bl)
   metrics['invariant/prompt_loss_tokens'] = loss_mask_bl[:, :p - 1].sum()
-  metrics.update(corrections.mismatch_metrics(old_logp_bl, sampler_logp_bl, loss_mask_bl,
-                                              algo.tis_cap))
-  if algo.tis_cap:
-    batch['tis_weight'] = corrections.tis_weights(old_logp_bl, sampler_logp_bl, loss_mask_bl,
-                                                  algo.tis_cap)
+  corrections.add_mismatch(batch, metrics, old_logp_bl, sampler_logp_bl, loss_mask_bl,
+                           algo.tis_cap)
   return batch, metrics
 
 
