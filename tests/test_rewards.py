@@ -73,7 +73,7 @@ def test_registry():
 
 
 def test_runner_rejects_bad_config():
-  with pytest.raises(KeyError, match=r"unknown verifier 'nosuch'; known: .*correct, format"):
+  with pytest.raises(KeyError, match=r"unknown verifier 'nosuch'; known: .*correct, .*format"):
     RewardRunner({'correct': 1.0, 'nosuch': 1.0})
   with pytest.raises(ValueError, match='reserved'):
     RewardRunner({'total': 1.0})
