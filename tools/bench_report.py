@@ -30,7 +30,8 @@ def machine() -> dict:
   except OSError:
     load = float('nan')
   return {'cpu': model, 'cores': len(os.sched_getaffinity(0)), 'load_avg_1min': load,
-          'jax': jax.__version__, 'device': f'{jax.device_count()} x {jax.devices()[0].device_kind}',
+          'jax': jax.__version__,
+          'device': f'{jax.device_count()} x {jax.devices()[0].device_kind}',
           'xla_flags': os.environ.get('XLA_FLAGS', '')}
 
 

@@ -16,7 +16,9 @@ num_iterations = 1:
 Everything prepare_batch computes from old log-probs (advantages with the in-reward KL, TIS
 weights, the sampler/trainer mismatch metrics) is computed from the same values, so the step's
 metrics have the same names. Gradients equal the two-pass path's up to float rounding (its
-separately computed old log-probs differ from the update's by ~1e-7).
+separately computed old log-probs differ from the update's by ~1e-7). Both passes run the LM
+head on the completion positions only (grpo.sequence_logprobs with first = P - 1; the loss
+never reads prompt positions).
 """
 import jax
 import jax.numpy as jnp
@@ -27,8 +29,8 @@ from rft_jax.algorithms import grpo, kl_control
 def fusable(algo) -> bool:
   """True when fused_step applies: one update per batch over one micro-batch (a GRPO-family
   algo; PPO's critic has its own step)."""
-  return (type(algo) is grpo.GRPOConfig and algo.updates_per_batch == 1  # pylint: disable=unidiomatic-typecheck
-          and algo.microbatches == 1)
+  is_grpo = type(algo) is grpo.GRPOConfig  # pylint: disable=unidiomatic-typecheck
+  return is_grpo and algo.updates_per_batch == 1 and algo.microbatches == 1
 
 
 def fused_step(state, ref_params, rollout, rewards_b, valid_b, *, graphdef,
