@@ -167,3 +167,16 @@ def eval_batch(c: Components, config) -> dict:
     raise SetupError(f'test split: {e}') from None
   return {**batch, 'verifier': TASK_VERIFIERS[config.task.name]}
 
+
+
+def process_share(global_batch: int, key: str) -> dict:
+  """pipeline.*_batches arguments for this process's rows of a global batch of global_batch
+  records (rft_jax/parallel/hostdata.GlobalBatches puts them back together).
+
+  Raises SetupError naming config.`key` when the processes cannot split it evenly."""
+  count = jax.process_count()
+  if global_batch % count:
+    raise SetupError(f'config.{key}={global_batch} is not divisible by the {count} processes '
+                     '(each reads an equal share of every batch)')
+  return dict(batch_size=global_batch // count, shard_index=jax.process_index(),
+              shard_count=count)

@@ -35,6 +35,7 @@ from rft_jax import components, evaluation, runs, trainer
 from rft_jax.algorithms import dpo
 from rft_jax.algorithms import train_state as ts
 from rft_jax.data import arith_pairs, pipeline
+from rft_jax.parallel import hostdata
 from rft_jax.parallel import mesh as meshlib
 from rft_jax.rewards.runner import RewardRunner
 from rft_jax.sampling.sampler import SamplingConfig, make_sampler
@@ -153,18 +154,19 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
                                 f'{meshlib.batch_divisor(c.mesh)} times dpo.microbatches='
                                 f'{dcfg.microbatches}')
   tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
-  shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
+  # each process reads its rows of every batch; GlobalBatches gathers the global batch
+  share = components.process_share(per_step, 'rollout.prompts_per_step' if online
+                                   else 'dpo.batch_size')
   if online:
-    data_it = pipeline.prompt_batches(c.train_source, c.tokenizer, seed=config.seed,
-                                      max_prompt_len=config.task.max_prompt_len,
-                                      batch_size=per_step, **shard)
+    data_it = hostdata.GlobalBatches(pipeline.prompt_batches(
+        c.train_source, c.tokenizer, seed=config.seed,
+        max_prompt_len=config.task.max_prompt_len, **share))
     completion_len = config.rollout.max_new_tokens
   else:
     source = pair_source(config)
-    data_it = arith_pairs.pair_batches(source, c.tokenizer, seed=config.seed,
-                                       max_prompt_len=config.task.max_prompt_len,
-                                       answer_len=config.dpo.answer_len, batch_size=per_step,
-                                       **shard)
+    data_it = hostdata.GlobalBatches(arith_pairs.pair_batches(
+        source, c.tokenizer, seed=config.seed, max_prompt_len=config.task.max_prompt_len,
+        answer_len=config.dpo.answer_len, **share))
     completion_len = config.dpo.answer_len
   opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra,
                          console_keys=ONLINE_CONSOLE_KEYS if online else CONSOLE_KEYS)

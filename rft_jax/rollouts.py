@@ -75,7 +75,8 @@ class RolloutStage:
   when a batch is too badly scored (trainer.check_rewards); on_message reports to the sinks.
   place_prompts(host array) -> device array: where the prompt batch goes (the trainer shards
   it over data x fsdp so that sampling is split like the train step's batch). data_it yields
-  the global prompt batch, the same on every process (rft_jax/parallel/hostdata.py).
+  the global prompt batch, the same on every process, each process having read only its share
+  of it (hostdata.GlobalBatches).
   """
 
   def __init__(self, config, algo, data_it, tokenizer, runner, sampler: Callable,

@@ -14,6 +14,7 @@ from rft_jax import components, evaluation, runs
 from rft_jax.algorithms import sft as sft_step
 from rft_jax.algorithms import train_state as ts
 from rft_jax.data import pipeline
+from rft_jax.parallel import hostdata
 from rft_jax.parallel import mesh as meshlib
 
 
@@ -26,11 +27,11 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
     raise components.SetupError(f'config.sft.batch_size={config.sft.batch_size} is not divisible '
                                 f'by data*fsdp={meshlib.batch_divisor(c.mesh)}')
   tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
-  data_it = pipeline.sft_batches(
+  data_it = hostdata.GlobalBatches(pipeline.sft_batches(   # each process reads its rows only
       c.train_source, c.tokenizer, max_prompt_len=config.task.max_prompt_len,
-      answer_len=config.sft.answer_len, batch_size=config.sft.batch_size, seed=config.seed,
-      shard_index=jax.process_index(), shard_count=jax.process_count(),
-      teacher_error_rate=config.sft.teacher_error_rate)
+      answer_len=config.sft.answer_len, seed=config.seed,
+      teacher_error_rate=config.sft.teacher_error_rate,
+      **components.process_share(config.sft.batch_size, 'sft.batch_size')))
   opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra,
                             console_keys=(('loss', 'loss'), ('token_acc', 'token acc')))
   state, shardings, ckpt, meta, hooks, start, _ = opened
@@ -55,7 +56,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
     for step in range(start + 1, total + 1):
       t0 = time.time()
       raw = next(data_it)
-      batch = {k: raw[k] for k in ('tokens', 'mask', 'loss_mask')}
+      batch = {k: hostdata.place(raw[k], batch_sh) for k in ('tokens', 'mask', 'loss_mask')}
       state, metrics = step_fn(state, batch)
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
       if not np.isfinite(metrics['loss']):
@@ -64,7 +65,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
             f'(step {ckpt.latest_step() or "none"}) kept in {workdir}')
       dt = time.time() - t0
       metrics.update({'time/step_s': dt,
-                      'throughput/tokens_per_s': float(np.asarray(batch['mask']).sum()) / dt})
+                      'throughput/tokens_per_s': float(np.asarray(raw['mask']).sum()) / dt})
       hooks.on_step(step, metrics)
       if step % config.train.eval_every == 0 or step == total:
         result = evaluator(state.params)

@@ -147,10 +147,12 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   ref_params = jax.tree.map(jnp.copy, c.params) if algo.use_reference else None
   skipped = (pipeline.BadRecords(f'{config.task.name} train split')
              if config.task.get('bad_records', 'error') == 'skip' else None)
-  data_it = pipeline.prompt_batches(
-      c.train_source, c.tokenizer, max_prompt_len=config.task.max_prompt_len,
-      batch_size=config.rollout.prompts_per_step, seed=config.seed,
-      bad_records=skipped)   # the global batch on every process: rft_jax/parallel/hostdata.py
+  # Each process reads only its rows of every prompt batch; GlobalBatches gathers them so that
+  # every process holds the global batch (rft_jax/parallel/hostdata.py).
+  share = components.process_share(config.rollout.prompts_per_step, 'rollout.prompts_per_step')
+  data_it = hostdata.GlobalBatches(pipeline.prompt_batches(
+      c.train_source, c.tokenizer, max_prompt_len=config.task.max_prompt_len, seed=config.seed,
+      bad_records=skipped, **share))
   controls0 = Controls(kl_coef=algo.kl_coef, temperature=config.rollout.temperature)
   opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra,
                          controls=device_controls(controls0, config, 1),
@@ -201,10 +203,9 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   primary = credit.primary_verifier(config.rewards.weights)
   hard_it = None
   if any(f['type'] == 'curriculum_switch' for f in injector.faults):
-    hard_it = pipeline.prompt_batches(
+    hard_it = hostdata.GlobalBatches(pipeline.prompt_batches(
         faults.hard_arith_records(c.train_source), c.tokenizer,
-        max_prompt_len=config.task.max_prompt_len, batch_size=config.rollout.prompts_per_step,
-        seed=config.seed + 1)
+        max_prompt_len=config.task.max_prompt_len, seed=config.seed + 1, **share))
   observe_fn = jax.jit(functools.partial(observe, mcfg=mcfg, algo=algo, rows=rollout_rows),
                        donate_argnums=0,
                        out_shardings=(shardings, rep))

@@ -1,7 +1,11 @@
 """Tests for the arithmetic TFDS builder and the grain pipelines."""
 
+import json
 import os
 import re
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -9,7 +13,9 @@ import pytest
 from rft_jax import tokenizer as tok_lib
 from rft_jax.data import arith
 from rft_jax.data import pipeline
+from rft_jax.parallel import hostdata
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 P = 8  # max_prompt_len: BOS + up to "99+99=" (6) fits.
 A = 5  # answer_len: up to "-99"/"891" (3) + EOS fits.
 
@@ -185,22 +191,38 @@ def test_iterator_state_resumes_exactly(train_split, tok):
   assert not np.array_equal(next(other)['id'], next(make())['id'])
 
 
-def test_epochs_and_shards_cover_source_once(tok):
+def test_process_shares_put_together_are_the_one_process_batches(tok):
+  """Two processes reading 4 rows each of every global batch of 8 see, concatenated in process
+  order, exactly the batches one process reading 8 at a time sees; one epoch covers the source."""
   source = [{'id': i, 'prompt': f'{i}+1='.encode(), 'answer': str(i + 1)}
             for i in range(24)]
-  seen = []
-  for shard in range(2):
-    it = pipeline.prompt_batches(source, tok, max_prompt_len=P, batch_size=4,
-                                 seed=0, num_epochs=1, shard_index=shard,
-                                 shard_count=2)
-    batches = list(it)
-    assert len(batches) == 3
-    ids = np.concatenate([b['id'] for b in batches]).tolist()
-    assert all(i % 2 == shard for i in ids)
-    seen += ids
-    assert [p for b in batches for p in b['prompt']] == [
-        f'{i}+1=' for i in ids]  # bytes normalised to str
-  assert sorted(seen) == list(range(24))
+  whole = list(pipeline.prompt_batches(source, tok, max_prompt_len=P, batch_size=8, seed=0,
+                                       num_epochs=1))
+  shares = [list(pipeline.prompt_batches(source, tok, max_prompt_len=P, batch_size=4, seed=0,
+                                         num_epochs=1, shard_index=shard, shard_count=2))
+            for shard in range(2)]
+  assert len(whole) == len(shares[0]) == len(shares[1]) == 3
+  for k, batch in enumerate(whole):
+    for key in ('prompt_tokens', 'prompt_mask', 'id', 'prompt', 'answer'):
+      np.testing.assert_array_equal(
+          np.concatenate([shares[0][k][key], shares[1][k][key]]), batch[key])
+    assert batch['prompt'].tolist() == [f'{i}+1=' for i in batch['id']]  # bytes -> str
+  assert sorted(np.concatenate([b['id'] for b in whole]).tolist()) == list(range(24))
+  assert shares[0][0]['id'].tolist() != shares[1][0]['id'].tolist()
+
+
+def test_global_batches_state_is_the_one_process_position(tok):
+  """With one process GlobalBatches is the plain iterator, state included (old checkpoints)."""
+  source = [{'id': i, 'prompt': f'{i}+1=', 'answer': str(i + 1)} for i in range(24)]
+  make = lambda: pipeline.prompt_batches(source, tok, max_prompt_len=P, batch_size=4, seed=1)
+  it = hostdata.GlobalBatches(make())
+  next(it), next(it)
+  plain = make()
+  next(plain), next(plain)
+  assert it.get_state() == plain.get_state() == {'next_index': 8}
+  again = hostdata.GlobalBatches(make())
+  again.set_state(it.get_state())
+  np.testing.assert_array_equal(next(again)['id'], next(plain)['id'])
 
 
 def test_eval_prompts_first_records_in_order(test_split, tok):
@@ -278,3 +300,32 @@ def test_skipping_pipeline_resumes_exactly(tok):
   again = make()
   again.set_state(state)
   assert [next(again)['id'].tolist() for _ in range(3)] == want
+
+
+def test_two_processes_read_their_shares_and_gather_the_global_batch(tok):
+  """jax.distributed on localhost: every process ends with the one-process batches (ids,
+  tokens, non-ASCII answer strings), and the saved position is the one-process position."""
+  sock = socket.socket()
+  sock.bind(('localhost', 0))
+  port = sock.getsockname()[1]
+  sock.close()
+  script = os.path.join(REPO, 'tests', 'multiprocess_data_check.py')
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
+  procs = [subprocess.Popen([sys.executable, script, str(i), str(port)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  outs = [p.communicate(timeout=300) for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+  results = [json.loads([line for line in out.splitlines() if line.startswith('RESULT ')][-1]
+                        [len('RESULT '):]) for out, _ in outs]
+  source = [{'id': i, 'prompt': f'{i}+{i % 7}=', 'answer': 'é' * (i % 3) + str(i)}
+            for i in range(40)]
+  one = pipeline.prompt_batches(source, tok, max_prompt_len=12, batch_size=8, seed=3)
+  want = [next(one) for _ in range(3)]
+  for got in results:
+    assert got['ids'] == [b['id'].tolist() for b in want]
+    assert got['answers'] == [b['answer'].tolist() for b in want]
+    assert got['tokens'] == [b['prompt_tokens'].tolist() for b in want]
+    assert got['dtypes'] == [str(want[0]['id'].dtype), str(want[0]['prompt_tokens'].dtype)]
+    assert got['state'] == one.get_state() == {'next_index': 24}
+    assert got['after_resume'] == want[2]['id'].tolist()

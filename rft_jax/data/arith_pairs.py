@@ -113,15 +113,15 @@ def pair_batches(source: Sequence[Any], tokenizer: Tokenizer, *, max_prompt_len:
                  drop_remainder: bool = True) -> grain.DatasetIterator:
   """Checkpointable iterator of pair batches (layout in the module docstring).
 
-  range(len(source)) -> shard -> (shuffle(seed)) -> repeat -> read + encode -> batch, so each
+  range(len(source)) -> (shuffle(seed)) -> repeat -> this process's share (batch_size rows of
+  every global batch, pipeline.share_of_batches) -> read + encode -> batch, so each
   example keeps its source position ('index'). ``num_epochs=None`` repeats forever.
   """
   ds = grain.MapDataset.range(len(source))
-  if shard_count > 1:
-    ds = ds[shard_index::shard_count]
   if shuffle:
     ds = ds.shuffle(seed=seed)
-  ds = ds.repeat(num_epochs).map(
+  ds = pipeline.share_of_batches(ds.repeat(num_epochs), rows=batch_size,
+                                 shard_index=shard_index, shard_count=shard_count).map(
       lambda i: encode_pair({**source[int(i)], 'index': int(i)}, tokenizer, max_prompt_len,
                             answer_len))
   ds = ds.batch(batch_size, drop_remainder=drop_remainder)

@@ -4,7 +4,10 @@ A source is any random-access sequence of records ``{'id', 'prompt',
 'answer', ...}`` (e.g. ``arith.load_split(...)``, or a list of dicts); text
 may be ``bytes`` or ``str``. Pipelines are
 
-  source -> shard -> shuffle(seed) -> repeat -> map(tokenize) -> batch
+  source -> shuffle(seed) -> repeat -> this process's share -> map(tokenize) -> batch
+
+(share_of_batches: with several processes each reads only its rows of every global batch;
+rft_jax/parallel/hostdata.GlobalBatches gathers them)
 
 built with ``grain.MapDataset``; they return grain ``DatasetIterator``s whose
 ``get_state()`` / ``set_state()`` resume the stream exactly (save the state in
@@ -207,19 +210,46 @@ def encode_sft(record: Mapping[str, Any], tokenizer: Tokenizer,
   }
 
 
-def _records(source: Sequence[Any], *, seed: int, shuffle: bool,
-             num_epochs: int | None, shard_index: int,
-             shard_count: int, normalize: bool = True) -> grain.MapDataset:
-  """source -> shard -> (shuffle) -> repeat -> (normalise), as a MapDataset."""
+class _BatchShare:
+  """Process i's rows of every global batch of a record stream (random access, lazy).
+
+  With b rows per process and P processes (global batch B = P*b), element j is element
+  (j // b) * B + i * b + j % b of `records`: process i holds rows [i*b, (i+1)*b) of each global
+  batch, so the processes' batches concatenated in process order are exactly the batches one
+  process reading B at a time would see. Only the records a process uses are read and encoded.
+  """
+
+  def __init__(self, records: grain.MapDataset, rows: int, index: int, count: int):
+    self.records, self.rows, self.index, self.count = records, rows, index, count
+
+  def __len__(self) -> int:
+    return len(self.records) // (self.rows * self.count) * self.rows
+
+  def __getitem__(self, j: int):
+    batch, row = divmod(j, self.rows)
+    return self.records[(batch * self.count + self.index) * self.rows + row]
+
+
+def share_of_batches(ds: grain.MapDataset, *, rows: int, shard_index: int,
+                     shard_count: int) -> grain.MapDataset:
+  """ds -> process shard_index's `rows` rows of every global batch of rows*shard_count."""
   if not 0 <= shard_index < shard_count:
     raise ValueError(
         f'shard_index={shard_index} not in [0, shard_count={shard_count})')
+  if shard_count == 1:
+    return ds
+  return grain.MapDataset.source(_BatchShare(ds, rows, shard_index, shard_count))
+
+
+def _records(source: Sequence[Any], *, seed: int, shuffle: bool,
+             num_epochs: int | None, rows: int, shard_index: int,
+             shard_count: int, normalize: bool = True) -> grain.MapDataset:
+  """source -> (shuffle) -> repeat -> this process's share -> (normalise), as a MapDataset."""
   ds = grain.MapDataset.source(source)
-  if shard_count > 1:
-    ds = ds[shard_index::shard_count]
   if shuffle:
     ds = ds.shuffle(seed=seed)
-  ds = ds.repeat(num_epochs)
+  ds = share_of_batches(ds.repeat(num_epochs), rows=rows, shard_index=shard_index,
+                        shard_count=shard_count)
   return ds.map(normalize_record) if normalize else ds
 
 
@@ -233,8 +263,9 @@ def prompt_batches(source: Sequence[Any], tokenizer: Tokenizer, *,
   Each batch: ``'prompt_tokens'`` int32 [B, P] (left-padded, BOS first, no
   EOS), ``'prompt_mask'`` int32 [B, P], ``'id'`` int64 [B], ``'prompt'`` and
   ``'answer'`` numpy str arrays [B]. ``num_epochs=None`` repeats forever; a
-  final partial batch is dropped so shapes stay static. Host ``shard_index``
-  of ``shard_count`` reads records ``shard_index::shard_count``.
+  final partial batch is dropped so shapes stay static. With ``shard_count`` > 1,
+  ``batch_size`` is this process's rows and process ``shard_index`` reads only its rows of
+  every global batch of ``batch_size * shard_count`` records (share_of_batches).
 
   A bad record (missing field, empty or over-long prompt) raises ValueError naming it when the
   batch containing it is read; with ``bad_records`` given it is skipped and reported there.
@@ -242,11 +273,12 @@ def prompt_batches(source: Sequence[Any], tokenizer: Tokenizer, *,
   encode = functools.partial(encode_prompt, tokenizer=tokenizer, max_prompt_len=max_prompt_len)
   if bad_records is None:
     ds = _records(source, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
-                  shard_index=shard_index, shard_count=shard_count).map(encode)
+                  rows=batch_size, shard_index=shard_index, shard_count=shard_count).map(encode)
     ds = ds.to_iter_dataset(_READ_OPTIONS)
   else:
     ds = _records(source, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
-                  shard_index=shard_index, shard_count=shard_count, normalize=False)
+                  rows=batch_size, shard_index=shard_index, shard_count=shard_count,
+                  normalize=False)
     ds = ds.map(functools.partial(_encode_or_skip, bad=bad_records, encode=encode))
     ds = ds.to_iter_dataset(_READ_OPTIONS).filter(lambda x: x is not None)
   return iter(ds.batch(batch_size, drop_remainder=True))
@@ -263,10 +295,11 @@ def sft_batches(source: Sequence[Any], tokenizer: Tokenizer, *,
   (arith.flawed_teacher): demonstrations from an imperfect teacher.
 
   Each batch: ``'tokens'``, ``'mask'``, ``'loss_mask'`` int32 [B, P+A] (see
-  ``encode_sft``), ``'id'`` int64 [B], ``'prompt'``/``'answer'`` str [B].
+  ``encode_sft``), ``'id'`` int64 [B], ``'prompt'``/``'answer'`` str [B]. With
+  ``shard_count`` > 1, B is this process's rows of the global batch (share_of_batches).
   """
   ds = _records(source, seed=seed, shuffle=True, num_epochs=num_epochs,
-                shard_index=shard_index, shard_count=shard_count)
+                rows=batch_size, shard_index=shard_index, shard_count=shard_count)
   if teacher_error_rate > 0:
     ds = ds.map(functools.partial(arith.flawed_teacher, rate=teacher_error_rate))
   ds = ds.map(functools.partial(encode_sft, tokenizer=tokenizer,

@@ -6,9 +6,13 @@ loop keeps to one rule that makes both safe: every host-side value that feeds th
 *global* value, identical on every process (the prompt batch, the rewards), and every device
 value the host reads is first gathered to its global value (`to_host`). Expensive host work
 (scoring completions) is split by rows and the results gathered (`process_rows`, `gather_rows`).
+Input is read the same way: each process reads only its rows of every batch and `GlobalBatches`
+gathers the global batch.
 
 With one process every function here is the plain single-host operation.
 """
+import json
+
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
@@ -53,3 +57,70 @@ def sum_counts(counts: dict[str, int]) -> dict[str, int]:
   names = sorted(counts)
   totals = multihost_utils.process_allgather(np.asarray([counts[k] for k in names], np.int64))
   return {k: int(v) for k, v in zip(names, np.asarray(totals).sum(axis=0))}
+
+
+def gather_strings(local) -> np.ndarray:
+  """Concatenates every process's str array [n] (same n on each), in process order."""
+  local = np.asarray(local, dtype=str)
+  if jax.process_count() == 1:
+    return local
+  width = int(gather_rows(np.asarray([max(local.dtype.itemsize // 4, 1)], np.int32)).max())
+  codes = local.astype(f'<U{width}').view(np.uint32).reshape(len(local), width)
+  return gather_rows(codes).view(f'<U{width}').reshape(-1)
+
+
+def _gather_field(value) -> np.ndarray:
+  value = np.asarray(value)
+  if value.dtype.kind in 'US':
+    return gather_strings(value)
+  return gather_rows(value).astype(value.dtype)   # int64 ids travel as int32 without x64
+
+
+class GlobalBatches:
+  """Global batches from per-process reads: process i of P reads only rows [i*b, (i+1)*b) of
+  every global batch of B = P*b records (pipeline.prompt_batches/sft_batches with shard_index,
+  shard_count), and each batch is gathered so that every process holds the global value that
+  the rest of the loop expects (module docstring). With one process it is the inner iterator.
+
+  get_state/set_state keep grain's iterator state portable: while the processes read in step
+  ({'next_index': n} equal on all, nothing skipped) the state saved is the global position
+  {'next_index': n*P}, the same as a one-process run's, so a checkpoint resumes on any number
+  of processes. Otherwise (records skipped unevenly) every process's state is saved and the run
+  must resume with the same number of processes.
+  """
+
+  def __init__(self, local_it):
+    self.local_it = local_it
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    local = next(self.local_it)
+    if jax.process_count() == 1:
+      return local
+    return {k: _gather_field(v) for k, v in local.items()}
+
+  def get_state(self) -> dict:
+    state, count = self.local_it.get_state(), jax.process_count()
+    if count == 1:
+      return state
+    states = [json.loads(s) for s in gather_strings([json.dumps(state, sort_keys=True)])]
+    if set(state) == {'next_index'} and all(s == states[0] for s in states):
+      return {'next_index': int(state['next_index']) * count}
+    return {'process_states': states}
+
+  def set_state(self, state: dict) -> None:
+    count = jax.process_count()
+    if 'process_states' in state:
+      if len(state['process_states']) != count:
+        raise ValueError(f'the data position was saved by {len(state["process_states"])} '
+                         f'processes that had skipped records unevenly; resume with that many '
+                         f'processes (this run has {count})')
+      state = state['process_states'][jax.process_index()]
+    elif count > 1 and set(state) == {'next_index'}:
+      if state['next_index'] % count:
+        raise ValueError(f'data position next_index={state["next_index"]} cannot be split over '
+                         f'{count} processes')
+      state = {'next_index': state['next_index'] // count}
+    self.local_it.set_state(state)
