@@ -36,6 +36,15 @@ def tiny_model():
   model.attention_bias = False
   model.max_position_embeddings = 64
   model.dtype = 'float32'        # activation/compute dtype; params are always float32
+  memory_options(model)
+  return model
+
+
+def memory_options(model):
+  """Run-time options of the train step's forward pass (rft_jax/models/llama.py ModelConfig),
+  not architecture: rematerialisation per layer, and one lax.scan over the layers."""
+  model.remat = 'none'           # 'full' | 'dots' | 'dots_no_batch' trade compute for memory
+  model.scan_layers = False      # True: compile time independent of depth
   return model
 
 

@@ -43,7 +43,8 @@ def model_config(config) -> ModelConfig:
   smaller. Fields only config.json has (rope_scaling, sliding_window) come from there.
   """
   path = config.model.get('path', '')
-  remat = config.model.get('remat', 'none')   # a run-time option: see ModelConfig.remat
+  run_time = dict(remat=config.model.get('remat', 'none'),   # options, not architecture:
+                  scan_layers=config.model.get('scan_layers', False))   # see ModelConfig
   if not path:
     return ModelConfig.from_dict(config.model)
   try:
@@ -51,7 +52,7 @@ def model_config(config) -> ModelConfig:
   except hf_checkpoint.HFCheckpointError as e:
     raise SetupError(f'config.model.path: {e}') from None
   for key in config.model.keys():
-    if key in ('path', 'dtype', 'remat'):
+    if key in ('path', 'dtype', *run_time):
       continue
     mine, theirs = config.model[key], getattr(hf, key)
     if key == 'max_position_embeddings':
@@ -61,7 +62,7 @@ def model_config(config) -> ModelConfig:
     elif mine != theirs:
       raise SetupError(f'config.model.{key}={mine!r} does not match {path}/config.json '
                        f'(set it to {theirs!r})')
-  return dataclasses.replace(hf, dtype=config.model.dtype, remat=remat)
+  return dataclasses.replace(hf, dtype=config.model.dtype, **run_time)
 
 
 def build(config) -> Components:

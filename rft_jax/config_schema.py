@@ -33,6 +33,7 @@ SCHEMA: dict[str, Any] = {
         'max_position_embeddings': int, 'dtype': str,
         'path': str,   # optional (OPTIONAL_KEYS): a local HF model dir; see components.model_config
         'remat': str,  # optional: 'none' (default) | 'full' | 'dots' | 'dots_no_batch'
+        'scan_layers': bool,   # optional, default False: one lax.scan over the layers
     },
     'rollout': {
         'prompts_per_step': int, 'group_size': int, 'max_new_tokens': int,
@@ -85,6 +86,7 @@ OPTIONAL_SECTIONS = ('monitor', 'faults', 'scaling')
 OPTIONAL_KEYS = frozenset({
     'model.path',                   # default '' (the model config.model describes)
     'model.remat',                  # default 'none': see rft_jax/models/llama.py ModelConfig
+    'model.scan_layers',            # default False: see rft_jax/models/llama.py ModelConfig
     'dpo.pairs', 'dpo.batch_size', 'dpo.answer_len', 'dpo.max_pairs',   # offline DPO only
     'dpo.rpo_alpha',                # default 0: no NLL term (rft_jax/algorithms/dpo.py)
     # task options, defaults in rft_jax/data/pipeline.py PromptFormat / rft_jax/components.py:

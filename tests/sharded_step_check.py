@@ -17,6 +17,7 @@ Writes OUT_DIR/results.npz: '<mesh>/grad/<i>' (gradient leaves, tree order), '<m
 [B,T] and '<mesh>/logp' [B,T]; prints JSON {mesh: {devices, q_kernel_shards, metrics, restore}}.
 """
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -38,7 +39,8 @@ from rft_jax.parallel import mesh as meshlib
 from rft_jax.sampling.sampler import SamplingConfig, make_sampler
 
 MESHES = {'1x1x1': (1, 1, 1), '8x1x1': (8, 1, 1), '1x8x1': (1, 8, 1), '2x2x2': (2, 2, 2),
-          '1x4x2': (1, 4, 2), '2x2x2_plain': (2, 2, 2)}   # _plain: no jax.set_mesh
+          '1x4x2': (1, 4, 2), '2x2x2_plain': (2, 2, 2),   # _plain: no jax.set_mesh
+          '2x2x2_scan': (2, 2, 2)}   # _scan: model.scan_layers with remat 'full'
 SAVE_ON = '8x1x1'
 # Smaller than configs/common.py's tiny model (compile time dominates), with every sharded
 # dimension divisible by 8 (fsdp: E=64) or 2 (tensor: H=4, K=2, F=128, V=32).
@@ -86,7 +88,9 @@ def main(out_dir):
                                                       temperature=0.0))
   algo = batch = None
 
-  def step_and_grads(state, bt):
+  scan_graphdef = lm.create(dataclasses.replace(CFG, scan_layers=True, remat='full'), 0)[0]
+
+  def step_and_grads(state, bt, graphdef):
     """grpo.train_step's body (accumulate, token means, AdamW), also returning the gradients."""
     grads, metrics = ts.accumulate_grads(
         lambda q, mb: grpo.loss_fn(q, mb, graphdef=graphdef, algo=algo), state.params, bt,
@@ -112,7 +116,9 @@ def main(out_dir):
       fresh = jax.tree.map(jnp.copy, params)   # the step donates its state: keep `params` alive
       st = jax.device_put(ts.TrainState(step=jnp.int32(0), params=fresh,
                                         opt_state=tx.init(fresh)), st_sh)
-      step = jax.jit(step_and_grads, in_shardings=(st_sh, b_sh),
+      step = jax.jit(functools.partial(step_and_grads, graphdef=scan_graphdef if
+                                       name.endswith('_scan') else graphdef),
+                     in_shardings=(st_sh, b_sh),
                      out_shardings=(st_sh, rep, st_sh.params), donate_argnums=0)
       new_st, metrics, grads = step(st, jax.device_put(batch, b_sh))
       log(f'{name}: step')

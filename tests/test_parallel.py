@@ -18,7 +18,8 @@ from rft_jax.models.llama import ModelConfig
 from rft_jax.parallel import mesh as meshlib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARDED = ('8x1x1', '1x8x1', '2x2x2', '1x4x2', '2x2x2_plain')   # _plain: without jax.set_mesh
+SHARDED = ('8x1x1', '1x8x1', '2x2x2', '1x4x2', '2x2x2_plain',   # _plain: without jax.set_mesh
+           '2x2x2_scan')   # _scan: the step with model.scan_layers and remat 'full'
 # Cheaper CPU code generation: compile time dominates this test, not run time.
 FAST_XLA = ('--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 '
             '--xla_llvm_disable_expensive_passes=true')

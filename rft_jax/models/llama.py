@@ -59,6 +59,10 @@ class ModelConfig:
   # the rest; 'dots' also keeps matmul outputs; 'dots_no_batch' keeps those without a batch
   # dimension (weights-like). A run-time option, not an architecture field (not in config.json).
   remat: str = 'none'
+  # The full (training) forward pass as one lax.scan over the layers' stacked parameters instead
+  # of an unrolled loop: compile time independent of depth. The stack is built inside the step
+  # (one transient copy of the layer weights); decoding with a KV cache stays unrolled.
+  scan_layers: bool = False
 
   @classmethod
   def from_dict(cls, d: Any) -> 'ModelConfig':
@@ -265,6 +269,9 @@ class Transformer(nnx.Module):
       table_ve = constrain(self.embed_tokens.embedding[...], ('vocab', None))
       x = jnp.take(table_ve, tokens_bt, axis=0).astype(self.cfg.compute_dtype)
     x = constrain(x, ('batch', None, None))
+    if cache is None and self.cfg.scan_layers:
+      return self.norm(_scan_layers(self.layers, x, positions_bt, kv_valid_bs,
+                                    self.cfg.remat)), None
     new_cache = [] if cache is not None else None
     remat = cache is None and self.cfg.remat != 'none'   # decoding keeps no activations anyway
     for i, layer in enumerate(self.layers):
@@ -299,3 +306,19 @@ def _remat_layer(layer: DecoderLayer, x, positions_bt, kv_valid_bs, remat: str):
   def block(layer, x, positions_bt, kv_valid_bs):
     return layer(x, positions_bt, kv_valid_bs, None, 0)[0]
   return nnx.remat(block, policy=REMAT_POLICIES[remat])(layer, x, positions_bt, kv_valid_bs)
+
+
+def _scan_layers(layers, x_bte, positions_bt, kv_valid_bs, remat: str):
+  """x after every layer (no cache), as lax.scan over the layers' parameters stacked on a new
+  leading axis [L, ...]; each layer under jax.checkpoint with the named policy unless 'none'.
+  Same values as the unrolled loop (the layers share one graph definition)."""
+  graphdef = nnx.graphdef(layers[0])
+  stacked = jax.tree.map(lambda *ws: jnp.stack(ws), *[nnx.state(layer) for layer in layers])
+
+  def apply(state, x):
+    y, _ = nnx.merge(graphdef, state)(x, positions_bt, kv_valid_bs, None, 0)
+    return constrain(y, ('batch', None, None))
+  if remat != 'none':
+    apply = jax.checkpoint(apply, policy=REMAT_POLICIES[remat])
+  x_bte, _ = jax.lax.scan(lambda x, state: (apply(state, x), None), x_bte, stacked)
+  return x_bte
