@@ -28,10 +28,9 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from rft_jax import components, evaluation, runs, trainer
+from rft_jax import components, evaluation, rollouts, runs, trainer
 from rft_jax.algorithms import dpo
 from rft_jax.algorithms import train_state as ts
 from rft_jax.data import arith_pairs, pipeline
@@ -91,12 +90,13 @@ def offline_batch(raw: dict, table: np.ndarray) -> dict:
 class OfflinePairs:
   """Step batches from the pair iterator and the precomputed reference table."""
 
-  def __init__(self, data_it, table):
-    self.data_it, self.table = data_it, table
+  def __init__(self, data_it, table, batch_sh):
+    self.data_it, self.table, self.batch_sh = data_it, table, batch_sh
 
   def __call__(self, step: int, params) -> tuple[dict, dict]:
     del step, params
-    return offline_batch(next(self.data_it), self.table), {}
+    batch = offline_batch(next(self.data_it), self.table)   # the global batch, every process
+    return {k: hostdata.place(v, self.batch_sh) for k, v in batch.items()}, {}
 
   def close(self):
     pass
@@ -107,6 +107,7 @@ class OnlinePairs:
 
   def __init__(self, config, c: components.Components, data_it, ref_params, batch_sh, rep):
     self.config, self.c, self.data_it, self.ref_params = config, c, data_it, ref_params
+    self.batch_sh = batch_sh
     r = config.rollout
     self.sampler = make_sampler(c.graphdef, c.model_cfg, SamplingConfig(
         max_new_tokens=r.max_new_tokens, eos_id=c.tokenizer.eos_id, pad_id=c.tokenizer.pad_id,
@@ -120,17 +121,20 @@ class OnlinePairs:
     self.runner.start()
 
   def __call__(self, step: int, params) -> tuple[dict, dict]:
-    prompts = next(self.data_it)
+    prompts = next(self.data_it)   # the global batch on every process (hostdata.GlobalBatches)
     t0 = time.time()
-    rollout = self.sampler(params, prompts['prompt_tokens'], prompts['prompt_mask'],
+    rollout = self.sampler(params, hostdata.place(prompts['prompt_tokens'], self.batch_sh),
+                           hostdata.place(prompts['prompt_mask'], self.batch_sh),
                            trainer.step_rng(self.config.seed, step))
-    texts = decode_completions(self.c.tokenizer, rollout.tokens_bt, rollout.mask_bt)
+    host = jax.tree.map(hostdata.to_host, rollout)   # the global rollout, on every process
+    texts = decode_completions(self.c.tokenizer, host.tokens_bt, host.mask_bt)
     t1 = time.time()
     answers = np.repeat(prompts['answer'], self.config.rollout.group_size)
-    rewards = self.runner(texts, list(answers))
+    rewards = rollouts.score_rows(self.runner, texts, list(answers))   # each process its rows
     trainer.check_rewards(rewards, self.config.rewards.max_invalid_frac, step, texts)
-    batch, metrics = self.prepare(self.ref_params, rollout, jnp.asarray(rewards.total),
-                                  jnp.asarray(rewards.valid))
+    batch, metrics = self.prepare(self.ref_params, rollout,
+                                  hostdata.place(rewards.total, self.batch_sh),
+                                  hostdata.place(rewards.valid, self.batch_sh))
     extra = {k: v for k, v in rewards.metrics().items() if k != 'reward/total/mean'}
     return batch, {**metrics, **extra, 'time/sample_s': t1 - t0,
                    'time/reward_s': time.time() - t1}
@@ -190,7 +194,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
     hooks.on_message(f'reference log-probs of {len(source)} pairs computed once in '
                      f'{time.time() - t0:.1f}s (the initial policy prefers the chosen answer in '
                      f'{np.mean(table[:, 0] > table[:, 1]):.0%} of them)')
-    make_batch = OfflinePairs(data_it, table)
+    make_batch = OfflinePairs(data_it, table, batch_sh)
   step_fn = jax.jit(functools.partial(dpo.train_step, graphdef=c.graphdef, dcfg=dcfg, tx=tx,
                                       schedule=schedule),
                     in_shardings=(shardings, batch_sh), out_shardings=(shardings, rep),

@@ -4,7 +4,8 @@ The real user path: `python -m rft_jax.main` started once per process with JAX_C
 JAX_NUM_PROCESSES and JAX_PROCESS_ID (rft_jax/parallel/distributed.py). Three steps on a
 (data, fsdp, tensor) = (2, 2, 2) mesh must log the same metrics as one process with 8 devices and
 the same global batch; then both restore that checkpoint on a (1, 4, 2) mesh and continue to
-step 5, again like one process does. Only process 0 writes logs.
+step 5, again like one process does. Only process 0 writes logs. Online DPO, offline DPO and SFT
+(two steps each) also log what one process logs.
 """
 import json
 import os
@@ -26,10 +27,10 @@ def overrides(mesh, steps):
           '--config.telemetry.tensorboard=False']
 
 
-def train(workdir, mesh, steps, processes):
-  """Runs the tiny GRPO recipe as `processes` processes sharing 8 CPU devices; returns outputs."""
-  cmd = [sys.executable, '-m', 'rft_jax.main', '--config', 'configs/grpo_arith.py:tiny',
-         '--workdir', workdir, *overrides(mesh, steps)]
+def train(workdir, mesh, steps, processes, recipe='configs/grpo_arith.py:tiny', extra=()):
+  """Runs a tiny recipe as `processes` processes sharing 8 CPU devices; returns outputs."""
+  cmd = [sys.executable, '-m', 'rft_jax.main', '--config', recipe,
+         '--workdir', workdir, *overrides(mesh, steps), *extra]
   base = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO,
               XLA_FLAGS=f'--xla_force_host_platform_device_count={8 // processes}')
   envs = [base]
@@ -78,3 +79,19 @@ def test_two_processes_train_like_one_and_resume_on_another_mesh(tmp_path):
   assert_same_metrics(rows, logged(single))
   with open(os.path.join(multi, 'summary.json')) as f:
     assert json.load(f)['steps'] == 5
+
+
+@pytest.mark.parametrize('recipe,extra', [
+    ('configs/online_dpo_arith.py:tiny', ()),
+    ('configs/dpo_arith.py:tiny', ()),
+    ('configs/sft_arith.py:tiny', ('--config.sft.batch_size=16',)),
+])
+def test_dpo_and_sft_two_processes_train_like_one(tmp_path, recipe, extra):
+  """The other loops on the same multi-process data path (each process reads its share of every
+  batch, hostdata.GlobalBatches): two steps on (2,2,2) log what one process logs."""
+  multi, single = str(tmp_path / 'two_processes'), str(tmp_path / 'one_process')
+  train(multi, (2, 2, 2), 2, processes=2, recipe=recipe, extra=extra)
+  train(single, (2, 2, 2), 2, processes=1, recipe=recipe, extra=extra)
+  multi_rows, single_rows = logged(multi), logged(single)
+  assert [r['step'] for r in single_rows if r['kind'] == 'train'] == [1, 2]
+  assert_same_metrics(multi_rows, single_rows)
