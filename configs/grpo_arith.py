@@ -34,6 +34,7 @@ def get_config(arg: str = ''):
   config.rollout.temperature = 1.0
   config.rollout.top_k = 0          # 0 = off
   config.rollout.top_p = 1.0        # 1.0 = off
+  config.rollout.weights_layout = 'train'   # 'no_fsdp': sample with weights whole over fsdp
 
   # Rewards: weighted sum of rule-based verifiers (rft_jax/rewards/verifiers.py).
   config.rewards = ml_collections.ConfigDict()

@@ -71,6 +71,9 @@ def get_config(arg: str = ''):
   config.rollout.temperature = 1.0
   config.rollout.top_k = 0           # 0 = off
   config.rollout.top_p = 1.0         # 1.0 = off
+  # With mesh.fsdp > 1, 'no_fsdp' gathers the weights once per step for the whole decode loop
+  # instead of in every decode step (memory: params / tensor per device while sampling).
+  config.rollout.weights_layout = 'train'
 
   # Rewards: the right final number, plus a little for stating it explicitly.
   config.rewards = ml_collections.ConfigDict()

@@ -34,6 +34,7 @@ def _above(key: str, low: float) -> Rule:
 
 
 REMAT = ('none', 'full', 'dots', 'dots_no_batch')   # rft_jax/models/llama.py REMAT_POLICIES
+WEIGHTS_LAYOUTS = ('train', 'no_fsdp')   # rft_jax/parallel/mesh.py SAMPLING_LAYOUTS
 
 COMMON_RULES: list[Rule] = [
     ('name', lambda v: bool(v.strip()), 'must be a non-empty name (it names the workdir)'),
@@ -45,6 +46,8 @@ COMMON_RULES: list[Rule] = [
     _above('model.rms_norm_eps', 0),
     ('model.dtype', lambda v: v in DTYPES, f'must be one of {", ".join(map(repr, DTYPES))}'),
     ('model.remat', lambda v: v in REMAT, f'must be one of {", ".join(map(repr, REMAT))}'),
+    ('rollout.weights_layout', lambda v: v in WEIGHTS_LAYOUTS,
+     f'must be one of {", ".join(map(repr, WEIGHTS_LAYOUTS))}'),
     _above('optim.lr', 0),
     _at_least('optim.warmup_steps', 0),
     ('optim.b1', lambda v: 0 <= v < 1, 'must be in [0, 1)'),

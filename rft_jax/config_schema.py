@@ -38,6 +38,7 @@ SCHEMA: dict[str, Any] = {
     'rollout': {
         'prompts_per_step': int, 'group_size': int, 'max_new_tokens': int,
         'temperature': float, 'top_k': int, 'top_p': float,
+        'weights_layout': str,   # optional, default 'train': see parallel/mesh.sampling_shardings
     },
     'rewards': {'weights': NAME_TO_FLOAT, 'timeout_s': float, 'num_workers': int,
                 'max_invalid_frac': float, 'memory_mb': int},
@@ -87,6 +88,7 @@ OPTIONAL_KEYS = frozenset({
     'model.path',                   # default '' (the model config.model describes)
     'model.remat',                  # default 'none': see rft_jax/models/llama.py ModelConfig
     'model.scan_layers',            # default False: see rft_jax/models/llama.py ModelConfig
+    'rollout.weights_layout',       # default 'train': see rft_jax/parallel/mesh.py
     'dpo.pairs', 'dpo.batch_size', 'dpo.answer_len', 'dpo.max_pairs',   # offline DPO only
     'dpo.rpo_alpha',                # default 0: no NLL term (rft_jax/algorithms/dpo.py)
     # task options, defaults in rft_jax/data/pipeline.py PromptFormat / rft_jax/components.py:

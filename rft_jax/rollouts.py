@@ -76,18 +76,21 @@ class RolloutStage:
   place_prompts(host array) -> device array: where the prompt batch goes (the trainer shards
   it over data x fsdp so that sampling is split like the train step's batch). data_it yields
   the global prompt batch, the same on every process, each process having read only its share
-  of it (hostdata.GlobalBatches).
+  of it (hostdata.GlobalBatches). sample_shardings (parallel/mesh.sampling_shardings), when
+  given, is where the params go for sampling: the copy is made once per step, lives only while
+  sampling, and its time is reported as metrics['time/reshard_s'] (part of the sampling time).
   """
 
   def __init__(self, config, algo, data_it, tokenizer, runner, sampler: Callable,
                check: Callable, on_message: Callable, skipped=None, injector=None,
-               hard_it=None, place_prompts: Callable = lambda x: x):
+               hard_it=None, place_prompts: Callable = lambda x: x, sample_shardings=None):
     self.config, self.algo, self.data_it = config, algo, data_it
     self.tokenizer, self.runner, self.sampler = tokenizer, runner, sampler
     self.check, self.on_message, self.skipped = check, on_message, skipped
     self.injector, self.hard_it = injector, hard_it   # FaultBench (rft_jax/faults.py)
     self.group_size = config.rollout.group_size
     self.place_prompts = place_prompts
+    self.sample_shardings = sample_shardings
     self.limit_reported = False
 
   def _round(self, params, step: int, round_: int, temperature: float):
@@ -129,7 +132,10 @@ class RolloutStage:
             'texts': texts}, reward_s
 
   def __call__(self, params, step: int, temperature: float) -> StepRollout:
-    reward_s = [0.0]
+    reward_s, t0 = [0.0], time.time()
+    if self.sample_shardings is not None:   # config.rollout.weights_layout
+      params = jax.block_until_ready(jax.device_put(params, self.sample_shardings))
+    reshard_s = time.time() - t0
 
     def draw(round_):
       payload, secs = self._round(params, step, round_, temperature)
@@ -143,6 +149,8 @@ class RolloutStage:
                         {}, float(p['host'].mask_bt.sum()), reward_s[0])
     else:
       out = self._dynamic(draw, step, reward_s)
+    if self.sample_shardings is not None:
+      out.metrics['time/reshard_s'] = reshard_s
     if self.algo.overlong == 'soft':
       out.metrics['overlong/penalty_mean'] = float(
           np.mean((out.rewards_b - out.rewards.total)[out.valid_b])) if out.valid_b.any() else 0.0

@@ -221,7 +221,9 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
       config, algo, data_it, c.tokenizer, runner, sampler,
       check=lambda r, s, t: check_rewards(r, config.rewards.get('max_invalid_frac', 1.0), s, t),
       on_message=hooks.on_message, skipped=skipped, injector=injector, hard_it=hard_it,
-      place_prompts=lambda x: hostdata.place(x, prompt_sh))
+      place_prompts=lambda x: hostdata.place(x, prompt_sh),
+      sample_shardings=meshlib.sampling_shardings(   # None: sample in the training layout
+          shardings.params, config.rollout.get('weights_layout', 'train')))
 
   if 'base_eval' not in meta:
     meta['base_eval'] = evaluator(c.params)

@@ -40,7 +40,8 @@ from rft_jax.sampling.sampler import SamplingConfig, make_sampler
 
 MESHES = {'1x1x1': (1, 1, 1), '8x1x1': (8, 1, 1), '1x8x1': (1, 8, 1), '2x2x2': (2, 2, 2),
           '1x4x2': (1, 4, 2), '2x2x2_plain': (2, 2, 2),   # _plain: no jax.set_mesh
-          '2x2x2_scan': (2, 2, 2)}   # _scan: model.scan_layers with remat 'full'
+          '2x2x2_scan': (2, 2, 2),   # _scan: model.scan_layers with remat 'full'
+          '1x4x2_nofsdp': (1, 4, 2)}   # _nofsdp: greedy sampling only, weights_layout 'no_fsdp'
 SAVE_ON = '8x1x1'
 # Smaller than configs/common.py's tiny model (compile time dominates), with every sharded
 # dimension divisible by 8 (fsdp: E=64) or 2 (tensor: H=4, K=2, F=128, V=32).
@@ -107,9 +108,19 @@ def main(out_dir):
     with contextlib.nullcontext() if name.endswith('_plain') else jax.set_mesh(mesh):
       st_sh = state_shardings(mesh, tx, like, abstract)
       b_sh, rep = meshlib.batch_sharding(mesh), meshlib.replicated(mesh)
-      rollout = greedy(jax.device_put(params, st_sh.params), jax.device_put(prompts, b_sh),
+      sample_sh = (meshlib.sampling_shardings(st_sh.params, 'no_fsdp')
+                   if name.endswith('_nofsdp') else st_sh.params)
+      sample_params = jax.device_put(params, sample_sh)
+      rollout = greedy(sample_params, jax.device_put(prompts, b_sh),
                        jax.device_put(pmask, b_sh), jax.random.key(4))
       log(f'{name}: greedy sample')
+      if name.endswith('_nofsdp'):   # sampling only: weights whole over fsdp, split over tensor
+        q_kernel = sample_params['layers'][0]['self_attn']['q_proj']['kernel']
+        out[name] = {'devices': int(mesh.size), 'q_kernel_distinct_shards': len(
+            {str(s.index) for s in q_kernel.addressable_shards})}
+        arrays[f'{name}/tokens'] = np.asarray(rollout.tokens_bt)
+        arrays[f'{name}/logp'] = np.asarray(rollout.logp_bt)
+        continue
       if batch is None:   # the first (one-device) mesh's rollout is every mesh's train batch
         algo, batch = prepare(graphdef, params, jax.device_get(rollout))
         log(f'{name}: batch prepared')

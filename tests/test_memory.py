@@ -6,6 +6,7 @@ Params: embed 32*64 = 2048; per layer q 4096 + k 2048 + v 2048 + o 4096 + MLP 3*
 """
 import types
 
+import ml_collections
 import pytest
 
 from rft_jax import components
@@ -58,10 +59,23 @@ def test_estimate_peak_and_check():
   assert memory.device_memory_bytes() is None
 
 
+def test_sampling_copy_of_the_weights_without_fsdp():
+  """rollout.weights_layout='no_fsdp': the sampler's copy is the params on (2,1,2): matrices
+  split over tensor only (/2), the 5 norms whole: (76096 - 320) / 2 + 320 = 38208 params."""
+  est = memory.estimate(CFG, (2, 2, 2), rows=16, seq_len=11, microbatches=2, reference=True,
+                        sampling_layout='no_fsdp')
+  assert est.sampling_weights == 4 * 38208
+  assert est.peak == est.persistent + max(11264 + 4 * 38208, est.grads + est.activations)
+  assert 'sampling_weights 0.00' in est.describe()
+  one_row = memory.estimate(CFG, (2, 2, 2), rows=4, seq_len=11, sampling_layout='no_fsdp')
+  assert one_row.peak == one_row.persistent + one_row.kv_cache + 4 * 38208   # sampling is larger
+  assert memory.estimate(CFG, (2, 2, 2), rows=16, seq_len=11).sampling_weights == 0
+
+
 def test_components_check_memory_from_recipe(monkeypatch):
-  config = types.SimpleNamespace(
-      rollout=types.SimpleNamespace(prompts_per_step=4, group_size=4, max_new_tokens=5),
-      task=types.SimpleNamespace(max_prompt_len=6))
+  config = ml_collections.ConfigDict(dict(
+      rollout=dict(prompts_per_step=4, group_size=4, max_new_tokens=5),
+      task=dict(max_prompt_len=6)))
   c = types.SimpleNamespace(model_cfg=CFG, mesh=(2, 2, 2))
   algo = types.SimpleNamespace(microbatches=2, use_reference=True)
   assert components.check_memory(c, config, algo).peak == 613728

@@ -64,6 +64,15 @@ def test_greedy_tokens_identical(meshes, name):
   np.testing.assert_allclose(arrays[f'{name}/logp'], arrays['1x1x1/logp'], atol=2e-5)
 
 
+def test_sampling_with_weights_whole_over_fsdp_gives_the_same_tokens(meshes):
+  """rollout.weights_layout='no_fsdp' on (1,4,2): each device holds half of q_proj (its tensor
+  slice, 2 distinct pieces over 8 devices, not 8), and greedy sampling is unchanged."""
+  info, arrays = meshes
+  assert info['1x4x2_nofsdp']['q_kernel_distinct_shards'] == 2
+  np.testing.assert_array_equal(arrays['1x4x2_nofsdp/tokens'], arrays['1x1x1/tokens'])
+  np.testing.assert_allclose(arrays['1x4x2_nofsdp/logp'], arrays['1x1x1/logp'], atol=2e-5)
+
+
 @pytest.mark.parametrize('name', ('1x8x1', '2x2x2', '1x4x2', '2x2x2_plain'))
 def test_checkpoint_from_8x1x1_restores_on_other_mesh(meshes, name):
   restore = meshes[0][name]['restore']
@@ -142,3 +151,29 @@ def test_two_processes_from_env_vars_build_one_global_mesh():
     assert r['sum'] == expected
     assert not r['placed_fully_addressable'] and r['round_trip'] and r['gathered']
     assert r['rows'] == [8 * i, 8 * (i + 1)] and r['counts'] == {'a': 3, 'b': 10}
+
+
+@pytest.mark.slow   # two tiny runs on 8 fake devices: ~1-2 min on 2 cores
+def test_trainer_resharding_for_sampling_reports_its_time_and_trains_the_same(tmp_path):
+  """python -m rft_jax.main on (1,4,2) with rollout.weights_layout 'no_fsdp' vs 'train': the same
+  rewards and losses (fp32 rounding), and time/reshard_s logged (0 when nothing is resharded)."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO,
+             XLA_FLAGS='--xla_force_host_platform_device_count=8')
+  rows = {}
+  for layout in ('train', 'no_fsdp'):
+    workdir = str(tmp_path / layout)
+    out = subprocess.run(
+        [sys.executable, '-m', 'rft_jax.main', '--config', 'configs/grpo_arith.py:tiny',
+         '--workdir', workdir, '--config.mesh.data=1', '--config.mesh.fsdp=4',
+         '--config.mesh.tensor=2', '--config.train.steps=2', '--config.train.eval_every=2',
+         '--config.telemetry.tensorboard=False', f'--config.rollout.weights_layout={layout}'],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+      rows[layout] = [r for r in map(json.loads, f) if r['kind'] == 'train']
+  assert [r['step'] for r in rows['no_fsdp']] == [1, 2]
+  for a, b in zip(rows['train'], rows['no_fsdp']):
+    for key in ('reward/mean', 'loss', 'kl', 'entropy', 'grad_norm'):
+      assert abs(a[key] - b[key]) <= 1e-5 * (1 + abs(a[key])), (key, a[key], b[key])
+  assert all(r['time/reshard_s'] > 0 for r in rows['no_fsdp'])
+  assert all(r['time/reshard_s'] < r['time/sample_s'] for r in rows['no_fsdp'])

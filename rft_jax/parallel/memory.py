@@ -23,8 +23,12 @@ With mesh (d, f, t), n = d * f (batch rows are split n ways), c = bytes of the c
                log-softmax, softmax and gradient. XLA fuses some of these and keeps others, so
                treat it as within a factor ~2.
 
-  peak = params + optimizer + reference + max(kv_cache, grads + activations)
-  (sampling and the train step run one after the other; the KV cache lives only while sampling)
+  sampling_weights  params with the fsdp axis unsplit, when rollout.weights_layout = 'no_fsdp'
+               (mesh.sampling_shardings: the copy the sampler reads), else 0
+
+  peak = params + optimizer + reference + max(kv_cache + sampling_weights, grads + activations)
+  (sampling and the train step run one after the other; the KV cache and the sampling copy live
+  only while sampling)
 
 device_memory_bytes() reads jax.devices()[0].memory_stats()['bytes_limit'] (None on CPU, where
 check_fits checks nothing). check_fits raises MemoryBudgetError, one line, when the peak exceeds
@@ -57,6 +61,7 @@ class MemoryEstimate:
   grads: int
   kv_cache: int
   activations: int
+  sampling_weights: int = 0
 
   @property
   def persistent(self) -> int:
@@ -64,11 +69,13 @@ class MemoryEstimate:
 
   @property
   def peak(self) -> int:
-    return self.persistent + max(self.kv_cache, self.grads + self.activations)
+    return self.persistent + max(self.kv_cache + self.sampling_weights,
+                                 self.grads + self.activations)
 
   def describe(self) -> str:
     parts = ', '.join(f'{k} {getattr(self, k) / GIB:.2f}' for k in
-                      ('params', 'optimizer', 'reference', 'grads', 'kv_cache', 'activations'))
+                      ('params', 'optimizer', 'reference', 'grads', 'kv_cache', 'activations',
+                       'sampling_weights') if k != 'sampling_weights' or self.sampling_weights)
     return f'{self.peak / GIB:.2f} GiB per device ({parts} GiB)'
 
 
@@ -126,10 +133,12 @@ def activation_bytes(model_cfg: ModelConfig, mesh, rows: int, seq_len: int,
 
 
 def estimate(model_cfg: ModelConfig, mesh, *, rows: int, seq_len: int, microbatches: int = 1,
-             reference: bool = False) -> MemoryEstimate:
+             reference: bool = False, sampling_layout: str = 'train') -> MemoryEstimate:
   """Per-device MemoryEstimate for B = rows sampled and trained rows of seq_len tokens."""
   p = param_bytes(model_cfg, mesh)
-  return MemoryEstimate(
+  sampling = (param_bytes(model_cfg, {**_mesh_sizes(mesh), 'fsdp': 1})
+              if sampling_layout == 'no_fsdp' else 0)
+  return MemoryEstimate(sampling_weights=sampling,
       params=p, optimizer=2 * p, reference=p if reference else 0,
       grads=p * (2 if microbatches > 1 else 1),
       kv_cache=kv_cache_bytes(model_cfg, mesh, rows, seq_len),
@@ -143,7 +152,8 @@ def estimate_run(config, model_cfg: ModelConfig, mesh, *, microbatches: int = 1,
   rows = config.rollout.prompts_per_step * config.rollout.group_size
   seq_len = config.task.max_prompt_len + config.rollout.max_new_tokens
   return estimate(model_cfg, mesh, rows=rows, seq_len=seq_len, microbatches=microbatches,
-                  reference=reference)
+                  reference=reference,
+                  sampling_layout=config.rollout.get('weights_layout', 'train'))
 
 
 def device_memory_bytes(device=None) -> int | None:

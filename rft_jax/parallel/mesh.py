@@ -72,6 +72,32 @@ def opt_state_shardings(tx: optax.GradientTransformation, params_abstract, param
       transform_non_params=lambda _: replicated(mesh))
 
 
+SAMPLING_LAYOUTS = ('train', 'no_fsdp')
+
+
+def sampling_shardings(param_shardings, layout: str):
+  """The params' shardings for sampling (config.rollout.weights_layout), or None to sample with
+  the training layout.
+
+  'train': sample with the training shardings (with fsdp > 1 every decode step all-gathers the
+  weights it uses). 'no_fsdp': drop the fsdp axis, so each device holds its tensor slice of every
+  weight whole for the whole decode loop (one all-gather per step, params / tensor bytes per
+  device while sampling)."""
+  if layout not in SAMPLING_LAYOUTS:
+    raise ValueError(f'weights layout {layout!r} is not one of {SAMPLING_LAYOUTS}')
+  if layout == 'train':
+    return None
+
+  def drop_fsdp(sharding: NamedSharding) -> NamedSharding:
+    spec = []
+    for entry in sharding.spec:
+      axes = tuple(a for a in (entry if isinstance(entry, tuple) else (entry,)) if a != 'fsdp')
+      spec.append(None if not axes or axes == (None,) else axes if len(axes) > 1 else axes[0])
+    return NamedSharding(sharding.mesh, P(*spec))
+  return jax.tree.map(drop_fsdp, param_shardings,
+                      is_leaf=lambda x: isinstance(x, NamedSharding))
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Rows split over ('data', 'fsdp'); other dimensions replicated."""
   return NamedSharding(mesh, P(BATCH_AXES))
