@@ -215,6 +215,12 @@ def _check_dapo_extras(config: ml_collections.ConfigDict) -> None:
     raise ConfigError('algo.overlong_cache', f'must be <= rollout.max_new_tokens='
                       f'{rollout.max_new_tokens} (the punishment starts at max_new_tokens - '
                       'overlong_cache)', cache)
+  model = config.model
+  if algo.get('shared_prompt', False) and (model.get('remat', 'none') != 'none'
+                                           or model.get('scan_layers', False)):
+    raise ConfigError('algo.shared_prompt', 'cannot be combined with model.remat or '
+                      'model.scan_layers (the shared-prompt pass runs the layers unrolled, '
+                      'without remat); leave it unset to score prompts per row', True)
   chunks, batch = algo.get('score_chunks', 0), rollout.prompts_per_step * rollout.group_size
   if chunks and batch % chunks:
     raise ConfigError('algo.score_chunks', f'must divide the rollout batch rollout.'

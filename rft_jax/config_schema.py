@@ -52,6 +52,7 @@ SCHEMA: dict[str, Any] = {
         # dynamic_sampling.py; score_chunks: grpo.score_logprobs):
         'dynamic_sampling': bool, 'max_sampling_rounds': int, 'overlong': str,
         'overlong_cache': int, 'tis_cap': float, 'score_chunks': int,
+        'shared_prompt': bool,   # models/functional.forward_completions
         # KL coefficient control (optional; rft_jax/algorithms/kl_control.py):
         'kl_ctrl': str, 'kl_target': float, 'kl_horizon': float,
         # PPO with a critic (optional; advantage 'gae'; rft_jax/algorithms/ppo.py PPOConfig):
@@ -104,6 +105,8 @@ OPTIONAL_KEYS = frozenset({
     # max(1, max_new_tokens // 5), tis_cap 0 = off, score_chunks 0 = algo.microbatches
     'algo.dynamic_sampling', 'algo.max_sampling_rounds', 'algo.overlong', 'algo.overlong_cache',
     'algo.tis_cap', 'algo.score_chunks',
+    # shared_prompt True: each group's prompt scored once (off by itself with model.remat/scan)
+    'algo.shared_prompt',
     # kl_ctrl 'fixed', kl_target 0.1, kl_horizon 10000; PPO: critic 'none' (PPOConfig: 'shared'),
     # gamma 1, lam 0.95, vf_coef 0.5, vf_clip 0.2, critic_lr 0 = optim.lr, minibatches 1,
     # adv_whiten True

@@ -47,7 +47,7 @@ SAVE_ON = '8x1x1'
 # dimension divisible by 8 (fsdp: E=64) or 2 (tensor: H=4, K=2, F=128, V=32).
 CFG = ModelConfig(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-B, P_LEN, T_NEW = 16, 6, 5
+B, P_LEN, T_NEW, GROUP = 16, 6, 5, 4
 
 
 def log(msg):
@@ -57,7 +57,7 @@ def log(msg):
 def prepare(graphdef, params, rollout):
   """The GRPO batch of a rollout with random rewards and reference log-probs of other params
   (kl_coef > 0, so the loss has a non-zero KL term)."""
-  algo = grpo.GRPOConfig(group_size=4, kl_coef=0.05, microbatches=2)
+  algo = grpo.GRPOConfig(group_size=GROUP, kl_coef=0.05, microbatches=2)
   rewards = jax.random.uniform(jax.random.key(3), (B,))
   ref_params = nnx.to_pure_dict(lm.create(CFG, 1)[1])
   prep = jax.jit(functools.partial(grpo.prepare_batch, graphdef=graphdef, algo=algo))
@@ -78,8 +78,10 @@ def same_sharding(x, target) -> bool:
 def main(out_dir):
   graphdef, state = lm.create(CFG, 0)
   params = nnx.to_pure_dict(state)
-  prompts = jax.random.randint(jax.random.key(1), (B, P_LEN), 4, CFG.vocab_size)
-  pmask = jnp.ones((B, P_LEN), jnp.int32).at[::3, :2].set(0)
+  # Groups of GROUP rows share their prompt, as the group sampler lays them out.
+  prompts = jnp.repeat(jax.random.randint(jax.random.key(1), (B // GROUP, P_LEN), 4,
+                                          CFG.vocab_size), GROUP, axis=0)
+  pmask = jnp.repeat(jnp.ones((B // GROUP, P_LEN), jnp.int32).at[::3, :2].set(0), GROUP, axis=0)
   _, abstract = lm.abstract_params(CFG)
   like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
   optim = type('O', (), dict(lr=1e-3, warmup_steps=0, b1=0.9, b2=0.99, weight_decay=0.0,
@@ -98,6 +100,13 @@ def main(out_dir):
         algo.microbatches)
     new_state, opt_stats = ts.apply_gradients(state, grads, tx, schedule)
     return new_state, {**grpo.token_means(metrics), **opt_stats}, grads
+
+  def shared_scores(params, tokens_bs, mask_bs, loss_mask_bl):
+    """Log-probs scored with each group's prompt once (grpo.score_logprobs, group_size = GROUP,
+    4 groups: fewer than data * fsdp on 8x1x1 and 1x8x1) and the gradient of their masked sum."""
+    f = lambda q: grpo.score_logprobs(graphdef, q, tokens_bs, mask_bs, first=P_LEN - 1,
+                                      group_size=GROUP)
+    return f(params), jax.grad(lambda q: (f(q) * loss_mask_bl).sum())(params)
 
   ckpt_dir, saved, arrays, out = tempfile.mkdtemp(), None, {}, {}
   log('setup done')
@@ -133,6 +142,14 @@ def main(out_dir):
                      out_shardings=(st_sh, rep, st_sh.params), donate_argnums=0)
       new_st, metrics, grads = step(st, jax.device_put(batch, b_sh))
       log(f'{name}: step')
+      if not name.endswith('_scan'):   # the shared-prompt pass has no scan (config_rules)
+        placed = jax.device_put((params, batch['tokens'], batch['mask'], batch['loss_mask']),
+                                (st_sh.params, b_sh, b_sh, b_sh))
+        logp, shared_grads = jax.jit(shared_scores, out_shardings=(rep, st_sh.params))(*placed)
+        arrays[f'{name}/shared_logp'] = np.asarray(logp)
+        for i, g in enumerate(jax.tree.leaves(shared_grads)):
+          arrays[f'{name}/shared_grad/{i}'] = np.asarray(g)
+        log(f'{name}: shared-prompt scores')
       q_kernel = new_st.params['layers'][0]['self_attn']['q_proj']['kernel']
       out[name] = {'devices': int(mesh.size), 'q_kernel_shards': len(q_kernel.addressable_shards),
                    'token_row_splits': len({s.index[0].start for s in

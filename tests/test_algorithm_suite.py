@@ -469,7 +469,8 @@ def tiny():
   lengths = np.array([5, 1, 3, 4, 2, 5, 0, 3])
   mask_bt = (np.arange(T)[None] < lengths[:, None]).astype(np.int32)
   rollout = Rollout(
-      prompt_tokens_bp=jnp.asarray(rng.randint(2, 16, (B, P)), jnp.int32),
+      # groups of 2 rows share their prompt, as the sampler lays them out
+      prompt_tokens_bp=jnp.asarray(np.repeat(rng.randint(2, 16, (B // 2, P)), 2, 0), jnp.int32),
       prompt_mask_bp=jnp.ones((B, P), jnp.int32),
       tokens_bt=jnp.asarray(rng.randint(2, 16, (B, T)) * mask_bt, jnp.int32),
       logp_bt=jnp.zeros((B, T), jnp.float32), mask_bt=jnp.asarray(mask_bt),

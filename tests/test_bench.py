@@ -28,8 +28,10 @@ def test_bench_writes_phases_throughput_and_machine(tmp_path):
   check_phases(rft['phases'])
   assert rft['phases']['step_s']['n'] == 2 and len(rft['steps']) == 2
   for k in ('prefill_tok_s', 'decode_tok_s', 'update_flops_s', 'update_mfu', 'gen_tokens',
-            'train_xla_flops_s'):
+            'train_xla_flops_s', 'update_computed_flops_s'):
     assert math.isfinite(rft['derived'][k]) and rft['derived'][k] > 0, k
+  # Each prompt once per group (shared_prompt): less work than every row's prompt.
+  assert rft['flops']['policy_update_computed'] < rft['flops']['policy_update']
   assert rft['peak_rss_mib'] > 0
   table = (tmp_path / 'grpo_tiny.md').read_text()
   assert '| system | step | generate | reference fwd | policy fwd+bwd+update |' in table

@@ -52,25 +52,37 @@ def test_chunked_scoring_equals_the_single_pass(tiny_rollout):
             grpo.sequence_logprobs(c.graphdef, ref_params, tokens_bs, mask_bs)[0])
 
   want_old, want_ref = single_pass(c.params, ref, rollout)
-  for chunks in (0, 2, 4):
-    a = dataclasses.replace(algo, score_chunks=chunks)
-    batch, _ = jax.jit(functools.partial(grpo.prepare_batch, graphdef=c.graphdef, algo=a))(
-        c.params, ref, rollout, rewards, valid)
-    assert 'tis_weight' not in batch   # tis_cap 0: the batch is as before
-    if chunks <= 2:   # the recipe's default (one pass) and 2 chunks of 8 rows: bit-identical
-      np.testing.assert_array_equal(batch['old_logp'], want_old, err_msg=str(chunks))
-      np.testing.assert_array_equal(batch['ref_logp'], want_ref, err_msg=str(chunks))
-    else:   # XLA:CPU's GEMM blocking depends on the row count: last-bit differences only
-      np.testing.assert_allclose(batch['old_logp'], want_old, rtol=0, atol=5e-6)
-      np.testing.assert_allclose(batch['ref_logp'], want_ref, rtol=0, atol=5e-6)
+  first = rollout.prompt_tokens_bp.shape[1] - 1   # completion positions start here
+  for shared in (False, True):
+    for chunks in (0, 2, 4):
+      a = dataclasses.replace(algo, score_chunks=chunks, shared_prompt=shared)
+      batch, _ = jax.jit(functools.partial(grpo.prepare_batch, graphdef=c.graphdef, algo=a))(
+          c.params, ref, rollout, rewards, valid)
+      assert 'tis_weight' not in batch   # tis_cap 0: the batch is as before
+      got_old, got_ref = np.asarray(batch['old_logp']), np.asarray(batch['ref_logp'])
+      if shared:   # each group's prompt run once: completion positions only, float rounding
+        assert not got_old[:, :first].any() and not got_ref[:, :first].any()
+        np.testing.assert_allclose(got_old[:, first:], want_old[:, first:], rtol=1e-6,
+                                   atol=5e-6)
+        np.testing.assert_allclose(got_ref[:, first:], want_ref[:, first:], rtol=1e-6,
+                                   atol=5e-6)
+      elif chunks <= 2:   # the default (one pass) and 2 chunks of 8 rows: bit-identical
+        np.testing.assert_array_equal(got_old, want_old, err_msg=str(chunks))
+        np.testing.assert_array_equal(got_ref, want_ref, err_msg=str(chunks))
+      else:   # XLA:CPU's GEMM blocking depends on the row count: last-bit differences only
+        np.testing.assert_allclose(got_old, want_old, rtol=0, atol=5e-6)
+        np.testing.assert_allclose(got_ref, want_ref, rtol=0, atol=5e-6)
 
 
 def test_score_logprobs_chunk_layout_is_interleaved():
-  """Chunk c holds rows c, c+n, ...: the stitched result puts every row back in its place."""
+  """Chunk c holds rows c, c+n, ... (groups c, c+n, ... with group_size > 1): the stitched
+  result puts every row back in its place, and each chunk gets whole groups."""
   calls = []
 
-  def fake(graphdef, params, tokens_bs, mask_bs):
-    calls.append(tokens_bs.shape)
+  def fake(graphdef, params, tokens_bs, mask_bs, first=0, group_size=1):
+    calls.append((tokens_bs.shape, group_size))
+    if group_size > 1:   # each row reads its group's first row, as a shared prompt would
+      tokens_bs = jnp.repeat(tokens_bs[::group_size], group_size, axis=0)
     return tokens_bs[:, 1:].astype(jnp.float32) * params, None
 
   tokens = jnp.arange(8 * 3).reshape(8, 3)
@@ -78,10 +90,19 @@ def test_score_logprobs_chunk_layout_is_interleaved():
   grpo.sequence_logprobs = fake
   try:
     out = grpo.score_logprobs(None, 2.0, tokens, tokens, chunks=4)
+    out_grouped = grpo.score_logprobs(None, 2.0, tokens, tokens, chunks=2, group_size=2)
+    # chunks that do not divide the 4 groups: row by row
+    out_rows = grpo.score_logprobs(None, 2.0, tokens, tokens, chunks=8, group_size=2)
   finally:
     grpo.sequence_logprobs = orig
-  np.testing.assert_array_equal(out, 2.0 * np.asarray(tokens[:, 1:], np.float32))
-  assert calls == [(2, 3)]   # traced once by lax.map, on 8 / 4 rows
+  want = 2.0 * np.asarray(tokens[:, 1:], np.float32)
+  np.testing.assert_array_equal(out, want)
+  assert calls[0] == ((2, 3), 1)   # traced once by lax.map, on 8 / 4 rows
+  # groups of 2 consecutive rows reach one call together: row r reads row r - r % 2
+  np.testing.assert_array_equal(out_grouped, want[np.arange(8) // 2 * 2])
+  assert calls[1] == ((4, 3), 2)
+  np.testing.assert_array_equal(out_rows, want)
+  assert calls[2] == ((1, 3), 1)
 
 
 # ----------------------------------------------------------------------------
@@ -253,6 +274,23 @@ def test_dapo_option_errors(key, value, message):
   with pytest.raises(config_lib.ConfigError) as info:
     config_lib.validate(config)
   assert str(info.value).startswith(message) and '\n' not in str(info.value)
+
+
+def test_shared_prompt_default_and_its_exclusions():
+  """On by default; off by itself with remat or scan_layers and with a mask_shift fault (which
+  puts a prompt position in the loss); asking for it with remat is a one-line error."""
+  config = grpo_arith.get_config()
+  assert grpo.GRPOConfig.from_config(config).prompt_group() == config.rollout.group_size
+  config.model.remat = 'full'
+  assert not grpo.GRPOConfig.from_config(config).shared_prompt
+  config.algo.shared_prompt = True
+  with pytest.raises(config_lib.ConfigError) as info:
+    config_lib.validate(config)
+  assert str(info.value).startswith('config.algo.shared_prompt=True: cannot be combined with '
+                                    'model.remat') and '\n' not in str(info.value)
+  config = grpo_arith.get_config()
+  config.faults = [{'type': 'mask_shift', 'onset_step': 2, 'strength': 1.0}]
+  assert grpo.GRPOConfig.from_config(config).prompt_group() == 1
 
 
 def test_grpo_recipe_has_none_of_the_options():

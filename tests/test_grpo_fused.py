@@ -11,7 +11,7 @@ from flax import nnx
 from rft_jax.algorithms import grpo, grpo_fused, train_state as ts
 from rft_jax.models import functional as lm
 from rft_jax.models.llama import ModelConfig
-from rft_jax.sampling.sampler import SamplingConfig, make_sampler
+from rft_jax.sampling.sampler import Rollout, SamplingConfig, make_sampler
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=2, num_key_value_heads=1, head_dim=16,
@@ -59,11 +59,29 @@ def test_fused_step_matches_prepare_then_train_step(algo_kw):
     np.testing.assert_allclose(m2[k], m1[k], rtol=1e-5, atol=1e-6, err_msg=k)
   np.testing.assert_allclose(adv, batch['adv'], rtol=1e-6, atol=1e-6)
   assert float(m2['ppo_kl']) == 0.0   # old log-probs are the update's own forward pass
+  assert float(m2['invariant/group_prompt_mismatch']) == 0.0   # the sampler's group layout
   for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
-    np.testing.assert_allclose(a, b, atol=5e-6)   # Adam steps of lr 1e-3 on ~1e-7 differences
+    # Adam steps of lr 1e-3 on ~1e-6 differences: the fused pass scores each group's prompt
+    # once (shared_prompt), train_step runs the full pass, equal up to float rounding
+    np.testing.assert_allclose(a, b, atol=2e-5)
 
 
 def test_fusable_only_for_one_update_over_one_microbatch():
   assert grpo_fused.fusable(grpo.GRPOConfig(updates_per_batch=1))
   assert not grpo_fused.fusable(grpo.GRPOConfig(updates_per_batch=2))
   assert not grpo_fused.fusable(grpo.GRPOConfig(microbatches=2))
+
+
+def test_group_prompt_mismatch_counts_rows_off_their_groups_prompt():
+  """The invariant shared_prompt relies on: 0 for the sampler's layout, 1 per differing row."""
+  tokens = np.repeat(np.arange(12, dtype=np.int32).reshape(3, 4), 2, axis=0)   # 3 groups of 2
+  mask = np.ones_like(tokens)
+  rollout = lambda t, m: Rollout(
+      prompt_tokens_bp=jnp.asarray(t), prompt_mask_bp=jnp.asarray(m),
+      tokens_bt=jnp.zeros((6, 2), jnp.int32), logp_bt=jnp.zeros((6, 2)),
+      mask_bt=jnp.ones((6, 2), jnp.int32), truncated_b=jnp.zeros(6, bool))
+  assert int(grpo.group_prompt_mismatch(rollout(tokens, mask), 2)) == 0
+  bad_tokens, bad_mask = tokens.copy(), mask.copy()
+  bad_tokens[3, 0] += 1      # row 3 (group 1's second row): another token
+  bad_mask[4, 0] = 0         # row 4 (group 2's first row): the second row now differs
+  assert int(grpo.group_prompt_mismatch(rollout(bad_tokens, bad_mask), 2)) == 2

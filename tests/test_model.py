@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 from rft_jax.models import ModelConfig, create, forward, forward_cached, init_cache
+from rft_jax.models import forward_completions
 from rft_jax.models import abstract_params, positions_from_mask
 from model_fixtures import randomize
 
@@ -232,6 +233,40 @@ def test_multi_token_cached_chunk_matches_full_forward(model):
   full = np.asarray(fwd(pure, np.concatenate([prompt, new], 1),
                         np.concatenate([prompt_mask, np.ones((2, 3), np.int32)], 1)))
   np.testing.assert_allclose(np.asarray(logits), full[:, 5:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('window', [None, 6])
+@pytest.mark.parametrize('t', [5, 1])
+def test_shared_prompt_pass_matches_full_forward(model, window, t):
+  """forward_completions (each group's prompt run once) = forward's completion-position logits,
+  and the gradients of a loss on them agree: left-padded prompts of different lengths,
+  right-padded completions, GQA, tied/untied with bias, a sliding window, a one-token
+  completion."""
+  cfg, graphdef, _, pure, _ = model
+  if window is not None:
+    cfg = dataclasses.replace(cfg, sliding_window=window)
+    graphdef, _ = create(cfg, seed=1)
+  rng = np.random.RandomState(6)
+  g, k, p = 3, 4, 7
+  prompt, prompt_mask = left_padded_batch(rng, cfg.vocab_size, [0, 2, 5], p)
+  lengths = rng.randint(0, t + 1, g * k)
+  comp_mask = (np.arange(t)[None] < lengths[:, None]).astype(np.int32)
+  comp = rng.randint(2, cfg.vocab_size, (g * k, t)).astype(np.int32) * comp_mask
+  tokens = np.concatenate([np.repeat(prompt, k, 0), comp], 1)
+  mask = np.concatenate([np.repeat(prompt_mask, k, 0), comp_mask], 1)
+
+  full = lambda w: forward(graphdef, w, tokens, mask, logits_from=p - 1)[:, :-1]
+  shared = lambda w: forward_completions(graphdef, w, tokens, mask, p, k)
+  want, got = jax.jit(full)(pure), jax.jit(shared)(pure)
+  assert got.shape == (g * k, t, cfg.vocab_size)
+  np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+
+  weights = jnp.asarray(rng.randn(g * k, t, cfg.vocab_size), jnp.float32) * comp_mask[..., None]
+  loss = lambda fn: jax.grad(lambda w: jnp.sum(jax.nn.log_softmax(fn(w)) * weights))
+  g_full, g_shared = jax.jit(loss(full))(pure), jax.jit(loss(shared))(pure)
+  for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_shared)):
+    np.testing.assert_allclose(b, a, atol=1e-4, rtol=1e-4)
+  assert max(float(jnp.abs(a).max()) for a in jax.tree.leaves(g_full)) > 1e-2   # not vacuous
 
 
 # ----------------------------------------------------------------------------

@@ -64,6 +64,21 @@ def test_greedy_tokens_identical(meshes, name):
   np.testing.assert_allclose(arrays[f'{name}/logp'], arrays['1x1x1/logp'], atol=2e-5)
 
 
+@pytest.mark.parametrize('name', [n for n in SHARDED if not n.endswith('_scan')])
+def test_shared_prompt_scores_and_grads_match_one_device(meshes, name):
+  """grpo.score_logprobs with each group's prompt run once (4 groups of 4 rows; on 8x1x1 and
+  1x8x1 fewer groups than row shards) gives the one-device log-probs and gradients."""
+  _, arrays = meshes
+  want = arrays['1x1x1/shared_logp']
+  assert np.abs(want).max() > 0.1   # not vacuous
+  np.testing.assert_allclose(arrays[f'{name}/shared_logp'], want, rtol=2e-5, atol=2e-6)
+  grads = sorted(k for k in arrays if k.startswith('1x1x1/shared_grad/'))
+  assert len(grads) > 10
+  for k in grads:   # a sum of log-probs: gradients up to ~4, fp32 reduction order ~1e-6
+    np.testing.assert_allclose(arrays[k.replace('1x1x1', name)], arrays[k], rtol=1e-4,
+                               atol=1e-5, err_msg=k)
+
+
 def test_sampling_with_weights_whole_over_fsdp_gives_the_same_tokens(meshes):
   """rollout.weights_layout='no_fsdp' on (1,4,2): each device holds half of q_proj (its tensor
   slice, 2 distinct pieces over 8 devices, not 8), and greedy sampling is unchanged."""

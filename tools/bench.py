@@ -99,6 +99,8 @@ def run_workload(args) -> dict:
   from rft_jax.models.llama import ModelConfig
   from tools import bench_grpo, bench_report, bench_workload as wl
   w = wl.TINY if args.tiny else wl.ISSUE
+  if args.full_prompt_pass:
+    w = dataclasses.replace(w, shared_prompt=False)
   matmul_n = 256 if args.tiny else 2048
   result = {'workload': dataclasses.asdict(w), 'machine': bench_report.machine(),
             'warmup': args.warmup, 'matmul_n': matmul_n,
@@ -152,6 +154,9 @@ def run_workload(args) -> dict:
                     'gen_tokens': gen_tokens, 'decode_tok_s': gen_tokens / med('decode_s'),
                     'update_flops_s': f['policy_update'] / med('policy_s'),
                     'update_mfu': f['policy_update'] / med('policy_s') / result['matmul_flops_s'],
+                    'update_computed_flops_s': f['policy_update_computed'] / med('policy_s'),
+                    'update_computed_mfu': (f['policy_update_computed'] / med('policy_s')
+                                            / result['matmul_flops_s']),
                     'train_xla_flops_s': xla / med('train_s')}}
     if trl is not None:
       result['trl'].update(trl.finish())
@@ -173,6 +178,8 @@ def main(argv=None):
   ap.add_argument('--tiny', action='store_true', help='a seconds-long workload (tests)')
   ap.add_argument('--skip-first-step', action='store_true',
                   help='skip the time-to-first-step subprocesses')
+  ap.add_argument('--full-prompt-pass', action='store_true',
+                  help='score every row\'s prompt (algo.shared_prompt=False), for before/after')
   ap.add_argument('--recipe', default=None, help='bench this recipe instead (bench_recipe.py)')
   ap.add_argument('--repeats', type=int, default=10, help='--recipe: timed calls')
   args = ap.parse_args(argv)

@@ -90,7 +90,8 @@ class RftSide:
                               graphdef=graphdef, params=params, param_shardings=param_sh,
                               train_source=None, test_source=None)
     self.graphdef = graphdef
-    self.algo = grpo.GRPOConfig(kl_coef=w.kl_coef, group_size=w.group_size)
+    self.algo = grpo.GRPOConfig(kl_coef=w.kl_coef, group_size=w.group_size,
+                                shared_prompt=w.shared_prompt)
     tx, schedule = ts.make_optimizer(optim_config(w)), ts.lr_schedule(optim_config(w))
     self.mcfg = MonitorConfig()
     controls = {'lr_scale': jnp.float32(1.0), 'kl_coef': jnp.float32(w.kl_coef)}
@@ -110,7 +111,8 @@ class RftSide:
         samplerlib.prefill, graphdef, model_cfg=self.model_cfg,
         max_new_tokens=w.max_new_tokens, group_size=w.group_size))
     first = w.prompt_len_max - 1   # as fused_step: the LM head on completion positions only
-    self.ref_pass = jax.jit(functools.partial(grpo.score_logprobs, graphdef, first=first))
+    self.ref_pass = jax.jit(functools.partial(grpo.score_logprobs, graphdef, first=first,
+                                              group_size=self.algo.prompt_group()))
     self.runner = RewardRunner({'first_even': 1.0}, timeout_s=2.0, num_workers=2)
 
   def prompts(self, step: int):
@@ -156,8 +158,9 @@ class RftSide:
 
   def flops(self, step: int) -> dict:
     """Model FLOPs (rft_jax.telemetry.flops: real tokens, no padding) of one step's phases,
-    with the mean completion length of the workload's first rollout; and XLA's count of the
-    compiled train program (padding included)."""
+    with the mean completion length of the workload's first rollout; 'policy_update' counts each
+    row's prompt (the convention of the FLOPs papers, and TRL's work), 'policy_update_computed'
+    the work the update does (with shared_prompt each prompt once per group)."""
     tokens, mask = self.prompts(step)
     p_b = np.repeat(mask.sum(-1), self.w.group_size).astype(float)
     g = float(self.w.max_new_tokens)
@@ -165,8 +168,12 @@ class RftSide:
     unique_prefill = sum(flops.forward_flops(self.model_cfg, p) for p in mask.sum(-1))
     decode = sum(flops.forward_flops(self.model_cfg, p + g)
                  - flops.forward_flops(self.model_cfg, p) for p in p_b)
+    # What the step computes with algo.shared_prompt: each prompt once per group, then the
+    # completions attending to it (the prefill + decode structure); else every row whole.
+    computed = unique_prefill + decode if self.algo.shared_prompt else fwd
     return {'policy_update': 3 * fwd, 'reference': fwd, 'prefill': unique_prefill,
-            'decode': decode, 'prompt_tokens': float(mask.sum()) * self.w.group_size}
+            'decode': decode, 'prompt_tokens': float(mask.sum()) * self.w.group_size,
+            'policy_update_computed': 3 * computed}
 
 
 def xla_flops(jitted, *args) -> float:

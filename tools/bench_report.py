@@ -103,6 +103,9 @@ def markdown(result: dict) -> str:
       f"| matmul rate (jit fp32 {result['matmul_n']}x{result['matmul_n']}) | "
       f"{result['matmul_flops_s'] / 1e9:.1f} GFLOP/s |",
       f"| update FLOP/s / matmul rate | {d['update_mfu']:.0%} |",
+      f"| policy update FLOP/s of the work done (each prompt once per group when shared) | "
+      f"{d.get('update_computed_flops_s', float('nan')) / 1e9:.1f} GFLOP/s = "
+      f"{d.get('update_computed_mfu', float('nan')):.0%} of the matmul rate |",
       f"| ref + policy program, XLA's FLOP count (padding included) / time | "
       f"{d['train_xla_flops_s'] / 1e9:.1f} GFLOP/s |"]
   for name in ('cold', 'warm'):

@@ -37,6 +37,7 @@ class Workload:
   kl_coef: float = 0.04
   lr: float = 1e-5
   seed: int = 0
+  shared_prompt: bool = True   # rft_jax scores each group's prompt once (False: once per row)
 
   @property
   def rows(self) -> int:

@@ -58,6 +58,11 @@ class GRPOConfig:
   kl_ctrl: str = 'fixed'        # 'fixed' | 'adaptive' KL coefficient (kl_control.py)
   kl_target: float = 0.1        # adaptive: the KL the controller steers towards
   kl_horizon: float = 10000.0   # adaptive: horizon in sequences (verl's default)
+  shared_prompt: bool = True    # score each group's prompt once (forward_completions)
+
+  def prompt_group(self) -> int:
+    """The rows that share a prompt in the scoring passes: group_size with shared_prompt."""
+    return self.group_size if self.shared_prompt else 1
 
   def __post_init__(self):
     if self.kl_coef > 0:
@@ -71,6 +76,10 @@ class GRPOConfig:
     d = {k: v for k, v in dict(config.algo).items() if k in fields}
     d['max_len'] = d.get('max_len') or config.rollout.max_new_tokens
     d['overlong_cache'] = d.get('overlong_cache') or max(1, config.rollout.max_new_tokens // 5)
+    if config.model.get('remat', 'none') != 'none' or config.model.get('scan_layers', False):
+      d['shared_prompt'] = False   # the shared pass has neither (config_rules rejects asking)
+    if any(f['type'] == 'mask_shift' for f in config.get('faults', [])):
+      d['shared_prompt'] = False   # that fault puts a prompt position in the loss: score it
     return cls(group_size=config.rollout.group_size, use_reference=use_reference, **d)
 
   def loss_options(self) -> dict:
@@ -79,36 +88,49 @@ class GRPOConfig:
                 clip_eps_high=self.clip_eps_high, clip_c=self.clip_c)
 
 
-def sequence_logprobs(graphdef, params, tokens_bs, mask_bs, first: int = 0):
+def sequence_logprobs(graphdef, params, tokens_bs, mask_bs, first: int = 0,
+                      group_size: int = 1):
   """log pi(token_{l+1} | tokens_{<=l}) and the policy entropy at each position -> two [B, L].
 
   first > 0 (static): the LM head and softmax run on positions l >= first only, and both are 0
   before it. With first = P - 1 that is the completion: the loss never reads prompt positions.
+  group_size K > 1 (static, needs first = P - 1): rows [g*K, (g+1)*K) share their prompt, which
+  runs through the model once per group (models/functional.forward_completions); same values.
   """
-  logits = lm.forward(graphdef, params, tokens_bs, mask_bs, logits_from=first)[:, :-1]
+  if group_size > 1:
+    logits = lm.forward_completions(graphdef, params, tokens_bs, mask_bs, first + 1, group_size)
+  else:
+    logits = lm.forward(graphdef, params, tokens_bs, mask_bs, logits_from=first)[:, :-1]
   logp_blv = jax.nn.log_softmax(logits, axis=-1)
   logp_bl = jnp.take_along_axis(logp_blv, tokens_bs[:, first + 1:, None], axis=-1)[..., 0]
   pad = lambda x_bl: jnp.pad(x_bl, ((0, 0), (first, 0))) if first else x_bl
   return pad(logp_bl), pad(token_entropy(logits))
 
 
-def score_logprobs(graphdef, params, tokens_bs, mask_bs, chunks: int = 1, first: int = 0):
+def score_logprobs(graphdef, params, tokens_bs, mask_bs, chunks: int = 1, first: int = 0,
+                   group_size: int = 1):
   """The log-probs of sequence_logprobs -> [B, L], computed `chunks` row chunks at a time.
 
   Only [B / chunks, L, V] logits exist at once (a lax.map over chunks), so a real vocabulary fits
   (152k x 128 rows x 900 positions would be ~70 GB in one pass). Chunk c holds rows c, c + n,
   c + 2n, ... (n = chunks): with rows sharded over the data axis, every chunk spans every shard.
-  Each row is scored on its own, so the values equal the single pass (chunks = 1). first: as
+  With group_size K > 1 the unit is a group of K consecutive rows instead of a row (chunk c
+  holds groups c, c + n, ...), so each chunk can run its prompts once. Each row is scored on its
+  own, so the values equal the single pass (chunks = 1). first, group_size: as
   sequence_logprobs.
   """
-  kw = {'first': first} if first else {}
+  if group_size > 1 and chunks > 1 and (tokens_bs.shape[0] // group_size) % chunks:
+    group_size = 1   # chunks do not divide the groups: score row by row (same values)
+  kw = {'first': first, 'group_size': group_size}
   if chunks <= 1:
     return sequence_logprobs(graphdef, params, tokens_bs, mask_bs, **kw)[0]
-  b = tokens_bs.shape[0]
-  split = lambda x: x.reshape(b // chunks, chunks, *x.shape[1:]).swapaxes(0, 1)
+  b, k = tokens_bs.shape[0], group_size
+  split = lambda x: (x.reshape(b // (chunks * k), chunks, k, *x.shape[1:]).swapaxes(0, 1)
+                     .reshape(chunks, b // chunks, *x.shape[1:]))
   logp_nbl = jax.lax.map(lambda tm: sequence_logprobs(graphdef, params, *tm, **kw)[0],
                          (split(tokens_bs), split(mask_bs)))
-  return logp_nbl.swapaxes(0, 1).reshape(b, -1)
+  return (logp_nbl.reshape(chunks, b // (chunks * k), k, -1).swapaxes(0, 1)
+          .reshape(b, -1))
 
 
 def rollout_sequences(rollout: Rollout):
@@ -129,18 +151,21 @@ def prepare_batch(params, ref_params, rollout: Rollout, rewards_b, valid_b, *, g
   Rows with invalid rewards (valid_b False) are dropped from the loss by zeroing their mask, and
   with algo.overlong == 'mask' so are truncated rows. Without algo.use_reference (kl_coef == 0)
   the reference forward pass is skipped entirely. Forward passes run in algo.score_chunks row
-  chunks (0 = algo.microbatches; see score_logprobs). With algo.tis_cap the batch also holds
+  chunks (0 = algo.microbatches; see score_logprobs); with algo.shared_prompt they score the
+  completion positions only (0 on prompt positions), each group's prompt run once. With algo.tis_cap the batch also holds
   'tis_weight' [B, L] (corrections.tis_weights); metrics hold the sampler/trainer mismatch.
   Also returns the exact invariants the monitor checks: the largest |mean advantage| of a group
   (0 for group-normalised estimators) and the number of loss tokens on prompt positions (0).
   kl_coef (traced scalar, default algo.kl_coef) weights the KL in the reward (kl_in_reward).
   """
   tokens_bs, mask_bs, _, _ = rollout_sequences(rollout)
-  chunks = algo.score_chunks or algo.microbatches
-  old_logp_bl = score_logprobs(graphdef, params, tokens_bs, mask_bs, chunks)
+  kw = dict(chunks=algo.score_chunks or algo.microbatches)
+  if algo.shared_prompt:   # completion positions only, each group's prompt once (else all)
+    kw.update(first=rollout.prompt_tokens_bp.shape[1] - 1, group_size=algo.group_size)
+  old_logp_bl = score_logprobs(graphdef, params, tokens_bs, mask_bs, **kw)
   old_logp_bl = jax.lax.stop_gradient(old_logp_bl)
   if algo.use_reference:
-    ref_logp_bl = score_logprobs(graphdef, ref_params, tokens_bs, mask_bs, chunks)
+    ref_logp_bl = score_logprobs(graphdef, ref_params, tokens_bs, mask_bs, **kw)
   else:
     ref_logp_bl = old_logp_bl
   return assemble_batch(rollout, old_logp_bl, ref_logp_bl, rewards_b, valid_b, algo=algo,
@@ -180,10 +205,21 @@ def assemble_batch(rollout: Rollout, old_logp_bl, ref_logp_bl, rewards_b, valid_
     metrics['invariant/group_adv_mean_max'] = jnp.max(jnp.abs(adv_mean_g))
   p = rollout.prompt_tokens_bp.shape[1]
   metrics['invariant/prompt_loss_tokens'] = loss_mask_bl[:, :p - 1].sum()
+  if algo.shared_prompt and algo.group_size > 1:   # scored with each group's first prompt
+    metrics['invariant/group_prompt_mismatch'] = group_prompt_mismatch(rollout, algo.group_size)
   # Sampler/trainer mismatch: same params, so only numerics and sampling temperature differ.
   corrections.add_mismatch(batch, metrics, old_logp_bl, sampler_logp_bl, loss_mask_bl,
                            algo.tis_cap)
   return batch, metrics
+
+
+def group_prompt_mismatch(rollout: Rollout, group_size: int):
+  """Rows whose prompt (tokens or mask) differs from their group's first row: 0 for the
+  sampler's layout, which algo.shared_prompt relies on."""
+  def differ(x_bp):
+    x_gkp = x_bp.reshape(-1, group_size, x_bp.shape[1])
+    return jnp.any(x_gkp != x_gkp[:, :1], axis=-1)
+  return (differ(rollout.prompt_tokens_bp) | differ(rollout.prompt_mask_bp)).sum()
 
 
 # Diagnostics reported as token means whatever algo.loss_agg is (the monitor's signals keep one
@@ -209,6 +245,9 @@ def loss_terms(logp_bl, entropy_bl, mb, *, algo: GRPOConfig, kl_coef=None):
   (count, metric sums)). Shared with PPO (rft_jax/algorithms/ppo.py), whose forward pass also
   yields the values."""
   mask_bl = mb['loss_mask']
+  # Off the loss mask the scored old/reference log-probs may be 0 (prompt positions scored with
+  # first = P - 1): take logp = old_logp there, so no masked position can reach exp(+large).
+  logp_bl = jnp.where(mask_bl > 0, logp_bl, mb['old_logp'])
   pg_bl, stats = registry.get_loss(algo.loss)(logp_bl, mb['old_logp'], mb['adv'], mask_bl,
                                               **algo.loss_options())
   if algo.tis_cap:   # truncated importance sampling: w_t * pg_t (corrections.py)

@@ -18,7 +18,8 @@ weights, the sampler/trainer mismatch metrics) is computed from the same values,
 metrics have the same names. Gradients equal the two-pass path's up to float rounding (its
 separately computed old log-probs differ from the update's by ~1e-7). Both passes run the LM
 head on the completion positions only (grpo.sequence_logprobs with first = P - 1; the loss
-never reads prompt positions).
+never reads prompt positions), and with algo.shared_prompt (the default) run each group's prompt
+once (models/functional.forward_completions).
 """
 import jax
 import jax.numpy as jnp
@@ -44,10 +45,11 @@ def fused_step(state, ref_params, rollout, rewards_b, valid_b, *, graphdef,
   ref_logp_bl = None
   if algo.use_reference:
     ref_logp_bl = grpo.score_logprobs(graphdef, ref_params, tokens_bs, mask_bs,
-                                      algo.score_chunks or 1, first)
+                                      algo.score_chunks or 1, first, algo.prompt_group())
 
   def policy(params):
-    logp_bl, entropy_bl = grpo.sequence_logprobs(graphdef, params, tokens_bs, mask_bs, first)
+    logp_bl, entropy_bl = grpo.sequence_logprobs(graphdef, params, tokens_bs, mask_bs, first,
+                                                 algo.prompt_group())
     if algo.entropy_coef:   # the entropy is in the loss: differentiate it too
       return (logp_bl, entropy_bl), None
     return logp_bl, entropy_bl   # entropy only reported: no backward pass through it

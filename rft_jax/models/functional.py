@@ -51,6 +51,38 @@ def forward(graphdef, params, tokens_bt: jax.Array, mask_bt: jax.Array,
   return logits
 
 
+def forward_completions(graphdef, params, tokens_bs: jax.Array, mask_bs: jax.Array,
+                        prompt_len: int, group_size: int) -> jax.Array:
+  """forward(..., logits_from=P - 1)[:, :-1] -> logits [B, T, V] at the positions that predict
+  the completion tokens (T = S - P), running each group's prompt through the model once.
+
+  Rows [g*K, (g+1)*K) (K = group_size) must share their first P = prompt_len slots, tokens and
+  mask: the sampler's group layout (sampling/sampler.make_sampler). The G = B / K prompts [G, P]
+  run through the model writing a KV cache; its rows are repeated K times and the completions
+  [B, T] run after it at cache index P, each query seeing the prompt's real slots and its own
+  causal slots, as in the full pass. The prompt's last position (which predicts completion
+  token 0) goes through the LM head once per group. Same values as forward up to float
+  rounding; the prompt's projections and MLP cost G * P tokens instead of B * P. Gradients reach
+  the prompt's activations through the repeats (summed over the group). Layers run unrolled and
+  without remat (the cache path of Transformer.hidden).
+  """
+  model = nnx.merge(graphdef, params)
+  b, s = tokens_bs.shape
+  p, k, t = prompt_len, group_size, s - prompt_len
+  prompt_mask_gp = mask_bs[::k, :p]
+  cache = init_cache(model.cfg, b // k, p)
+  h_gpe, cache = model.hidden(tokens_bs[::k, :p], positions_from_mask(prompt_mask_gp),
+                              prompt_mask_gp.astype(bool), cache, 0)
+  first_b1v = jnp.repeat(model.logits(h_gpe[:, -1:]), k, axis=0)
+  if t == 1:
+    return first_b1v
+  # Completion tokens 0 .. T-2 predict tokens 1 .. T-1; the cache holds S - 1 slots.
+  grow = lambda c: jnp.pad(jnp.repeat(c, k, axis=0), ((0, 0), (0, 0), (0, t - 1), (0, 0)))
+  h_bte, _ = model.hidden(tokens_bs[:, p:s - 1], positions_from_mask(mask_bs)[:, p:s - 1],
+                          mask_bs[:, :s - 1].astype(bool), jax.tree.map(grow, cache), p)
+  return jnp.concatenate([first_b1v, model.logits(h_bte)], axis=1)
+
+
 def forward_cached(graphdef, params, tokens_bt, positions_bt, kv_valid_bs, cache: Cache,
                    cache_index):
   """Forward T new tokens written into cache slots [cache_index, cache_index + T).
