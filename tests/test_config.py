@@ -384,3 +384,13 @@ def test_wandb_without_the_package_is_a_one_line_error(grpo, monkeypatch):
 def test_max_invalid_frac_range(grpo):
   grpo.rewards.max_invalid_frac = 1.5
   assert str(_error(grpo)) == 'config.rewards.max_invalid_frac=1.5: must be in [0, 1]'
+
+
+def test_config_rules_name_the_choices_the_code_has():
+  """config_rules keeps its own copies of two choice lists (it imports no JAX): they must stay
+  equal to the code's."""
+  from rft_jax import config_rules  # pylint: disable=g-import-not-at-top
+  from rft_jax.models.llama import REMAT_POLICIES  # pylint: disable=g-import-not-at-top
+  from rft_jax.parallel.mesh import SAMPLING_LAYOUTS  # pylint: disable=g-import-not-at-top
+  assert config_rules.WEIGHTS_LAYOUTS == SAMPLING_LAYOUTS
+  assert set(config_rules.REMAT) == {'none', *REMAT_POLICIES}

@@ -152,8 +152,9 @@ def prepare_batch(params, ref_params, rollout: Rollout, rewards_b, valid_b, *, g
   with algo.overlong == 'mask' so are truncated rows. Without algo.use_reference (kl_coef == 0)
   the reference forward pass is skipped entirely. Forward passes run in algo.score_chunks row
   chunks (0 = algo.microbatches; see score_logprobs); with algo.shared_prompt they score the
-  completion positions only (0 on prompt positions), each group's prompt run once. With algo.tis_cap the batch also holds
-  'tis_weight' [B, L] (corrections.tis_weights); metrics hold the sampler/trainer mismatch.
+  completion positions only (0 on prompt positions), each group's prompt run once. With
+  algo.tis_cap the batch also holds 'tis_weight' [B, L] (corrections.tis_weights); metrics hold
+  the sampler/trainer mismatch.
   Also returns the exact invariants the monitor checks: the largest |mean advantage| of a group
   (0 for group-normalised estimators) and the number of loss tokens on prompt positions (0).
   kl_coef (traced scalar, default algo.kl_coef) weights the KL in the reward (kl_in_reward).

@@ -138,11 +138,12 @@ def estimate(model_cfg: ModelConfig, mesh, *, rows: int, seq_len: int, microbatc
   p = param_bytes(model_cfg, mesh)
   sampling = (param_bytes(model_cfg, {**_mesh_sizes(mesh), 'fsdp': 1})
               if sampling_layout == 'no_fsdp' else 0)
-  return MemoryEstimate(sampling_weights=sampling,
+  return MemoryEstimate(
       params=p, optimizer=2 * p, reference=p if reference else 0,
       grads=p * (2 if microbatches > 1 else 1),
       kv_cache=kv_cache_bytes(model_cfg, mesh, rows, seq_len),
-      activations=activation_bytes(model_cfg, mesh, rows, seq_len, microbatches))
+      activations=activation_bytes(model_cfg, mesh, rows, seq_len, microbatches),
+      sampling_weights=sampling)
 
 
 def estimate_run(config, model_cfg: ModelConfig, mesh, *, microbatches: int = 1,
