@@ -22,7 +22,8 @@ untouched — as in real runs.
                 truncation          max_new_tokens cut to `strength`
                 eos_ignored         the sampler does not stop at EOS (stop-token misconfigured)
   optimisation  lr_spike            learning rate x strength
-                kl_removed_low_temp KL coefficient 0 and sampling temperature `strength`
+                kl_removed_low_temp KL coefficient 0 and the recipe's temperature `strength`
+                                    (sampler and trainer alike)
                 grad_clip_off_high_lr  learning rate x strength (see GRAD_CLIP_NOTE)
                 bf16_logits         the trainer (not the sampler) computes in bfloat16
   credit        group_shuffle       rewards of a `strength` fraction of groups permuted across
@@ -33,7 +34,8 @@ untouched — as in real runs.
   benign        lr_schedule_step    learning rate x strength from onset on (a schedule step)
                 curriculum_switch   prompts drawn only from harder problems (carries, negative
                                     results) from onset on
-                temperature_anneal  sampling temperature falls linearly to `strength` by the end
+                temperature_anneal  the temperature (sampler and trainer alike) falls linearly to
+                                    `strength` by the end
                 resume              (no injection: the benchmark stops the run at onset and
                                     resumes it from its checkpoint)
 """
@@ -116,6 +118,23 @@ def kl_coef(faults: Sequence[Mapping[str, Any]], step: int, kl: float) -> float:
   return 0.0 if any(f['type'] == 'kl_removed_low_temp' and active(f, step) for f in faults) else kl
 
 
+def trainer_temperature(faults: Sequence[Mapping[str, Any]], step: int, temperature: float,
+                        total_steps: int) -> float:
+  """The temperature of the run's recipe at `step` after the faults that change it for sampler
+  and trainer alike (kl_removed_low_temp: `strength`; temperature_anneal: linear to `strength`
+  by the end, in steps of 0.05 so a handful of samplers compile). sampler_temperature is not
+  here: it changes the sampler's alone (FaultInjector.sampling)."""
+  for f in faults:
+    if f['type'] == 'kl_removed_low_temp' and active(f, step):
+      temperature = float(f['strength'])
+  for f in faults:
+    if f['type'] == 'temperature_anneal' and active(f, step):
+      frac = (step - f['onset_step']) / max(total_steps - f['onset_step'], 1)
+      target = temperature + frac * (float(f['strength']) - temperature)
+      temperature = round(target * 20) / 20
+  return temperature
+
+
 def hard_arith_records(source) -> list[dict]:
   """The arithmetic records where a careless teacher can slip (a carry, a negative result):
   the harder problems the curriculum_switch change moves to."""
@@ -166,15 +185,17 @@ class FaultInjector:
   def kl_coef(self, step: int, kl: float) -> float:
     return kl_coef(self.faults, step, kl)
 
+  def trainer_temperature(self, step: int, temperature: float) -> float:
+    """The temperature the run means to sample at (and the trainer scores at) at `step`."""
+    return trainer_temperature(self.faults, step, temperature, self.total_steps)
+
   def sampling(self, step: int, temperature: float, max_new_tokens: int):
-    """(temperature, max_new_tokens, ignore_eos) the sampler runs with at `step`."""
+    """(temperature, max_new_tokens, ignore_eos) the sampler runs with at `step`: the
+    trainer's temperature unless sampler_temperature sets the sampler's own."""
     ignore_eos = bool(self._active(step, 'eos_ignored'))
-    for f in self._active(step, 'sampler_temperature', 'kl_removed_low_temp'):
+    temperature = self.trainer_temperature(step, temperature)
+    for f in self._active(step, 'sampler_temperature'):
       temperature = float(f['strength'])
-    for f in self._active(step, 'temperature_anneal'):
-      frac = (step - f['onset_step']) / max(self.total_steps - f['onset_step'], 1)
-      target = temperature + frac * (float(f['strength']) - temperature)
-      temperature = round(target * 20) / 20   # steps of 0.05: a handful of compiled samplers
     for f in self._active(step, 'truncation'):
       max_new_tokens = min(max_new_tokens, int(f['strength']))
     return temperature, max_new_tokens, ignore_eos

@@ -57,11 +57,15 @@ def monitor_settings(config):
 
 
 def device_controls(controls: Controls, config, step: int) -> dict:
-  """TrainState.controls for `step`: remediation's knobs times any injected fault."""
+  """TrainState.controls for `step`: remediation's knobs times any injected fault. temperature
+  is the one the trainer scores at: the sampler's (1 for greedy sampling, whose log-probs are
+  untempered)."""
   injected = config.get('faults', [])
   lr = controls.lr_scale * faults.lr_multiplier(injected, step)
   kl = faults.kl_coef(injected, step, controls.kl_coef)
-  return {'lr_scale': jnp.float32(lr), 'kl_coef': jnp.float32(kl)}
+  temp = faults.trainer_temperature(injected, step, controls.temperature, config.train.steps)
+  return {'lr_scale': jnp.float32(lr), 'kl_coef': jnp.float32(kl),
+          'temperature': jnp.float32(temp if temp > 0 else 1.0)}
 
 
 def observe(state: ts.TrainState, metrics: dict, *, mcfg, algo=None, rows: int = 0):
@@ -263,7 +267,9 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
         correct_b = got.rewards.per_verifier.get(primary, got.rewards_b)
         metrics.update(credit_fn(adv_b, rewards_d,
                                  to_device(np.asarray(correct_b, np.float32)), valid_d))
-      reward_metrics = {**got.rewards.metrics(), **got.metrics}
+      reward_metrics = {**got.rewards.metrics(), **got.metrics,
+                        'invariant/reward_out_of_range':
+                            got.rewards.out_of_range_frac(config.rewards.weights)}
       metrics = {**metrics, **step_metrics,
                  **{k: jnp.float32(v) for k, v in reward_metrics.items()}}
       state, alarms = observe_fn(state, metrics)

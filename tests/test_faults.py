@@ -65,6 +65,21 @@ def test_length_bonus_sign_flips_and_invalid_rows():
   np.testing.assert_array_equal(flipped.per_verifier['correct'], [1, 0, 0, 1])  # telemetry true
 
 
+def test_reward_range_invariant_by_hand():
+  """out_of_range_frac: valid rows outside [sum min(w, 0), sum max(w, 0)] = [0, 1.1] here."""
+  r = result([1.1, 0.1, 0.0, 1.1], [1, 0, 0, 1], valid=[True, True, False, True])
+  assert r.out_of_range_frac(WEIGHTS) == 0.0                # float32 1.1 is inside
+  length = injector('reward_length', 1.0).rewards(5, r, ['123', '1', 'xx', '1'], WEIGHTS, 6)
+  assert length.out_of_range_frac(WEIGHTS) == pytest.approx(2 / 3)   # 1.6, 0.27, 1.27
+  flipped = injector('reward_sign_flip', 1.0).rewards(5, r, ['1'] * 4, WEIGHTS, 6)
+  assert flipped.out_of_range_frac(WEIGHTS) == 1.0
+  assert injector('reward_scale').rewards(5, r, ['1'] * 4, WEIGHTS, 6).out_of_range_frac(
+      WEIGHTS) == 1.0
+  assert r.out_of_range_frac({'correct': -1.0, 'format': 0.1}) == pytest.approx(2 / 3)
+  negative = result([-0.9, 0.1, -1.0], [1, 0, 1])          # [-1, 0.1] with a negative weight
+  assert negative.out_of_range_frac({'correct': -1.0, 'format': 0.1}) == 0.0
+
+
 def test_noise_hits_about_the_requested_fraction():
   r = result(np.full(4000, 0.5), np.zeros(4000))
   got = injector('reward_noise', 0.3).rewards(5, r, ['1'] * 4000, {'correct': 0.0}, 6).total
@@ -87,9 +102,12 @@ def test_sampling_faults():
   anneal = injector('temperature_anneal', 0.7, onset=1)
   temps = [anneal.sampling(s, 1.0, 6)[0] for s in range(1, 11)]
   assert temps[0] == 1.0 and temps[-1] == 0.7 and temps == sorted(temps, reverse=True)
+  assert [anneal.trainer_temperature(s, 1.0) for s in range(1, 11)] == temps   # both follow
   kl = injector('kl_removed_low_temp', 0.5)
   assert kl.kl_coef(5, 0.02) == 0.0 and kl.sampling(5, 1.0, 6)[0] == 0.5
-  assert kl.kl_coef(2, 0.02) == 0.02
+  assert kl.trainer_temperature(5, 1.0) == 0.5 and kl.kl_coef(2, 0.02) == 0.02
+  # only sampler_temperature makes the sampler's temperature differ from the trainer's
+  assert injector('sampler_temperature', 1.5).trainer_temperature(5, 1.0) == 1.0
 
 
 def test_answer_key_corruption_is_fixed_per_prompt():

@@ -66,6 +66,54 @@ def test_fused_step_matches_prepare_then_train_step(algo_kw):
     np.testing.assert_allclose(a, b, atol=2e-5)
 
 
+def test_scoring_at_the_sampling_temperature():
+  """controls['temperature'] = the sampler's: the trainer's log-probs are log softmax(z / T)
+  (plain numpy reference), the sampler/trainer mismatch is float rounding, and the fused step
+  still equals prepare + train_step; scored untempered the same rollout shows the mismatch."""
+  graphdef, state = lm.create(CFG)
+  params = nnx.to_pure_dict(state)
+  rng = np.random.default_rng(1)
+  tokens = rng.integers(4, 64, (4, 5)).astype(np.int32)
+  mask = np.ones_like(tokens)
+  temp = 0.7
+  rollout = make_sampler(graphdef, CFG, SamplingConfig(max_new_tokens=6, eos_id=2, pad_id=0,
+                                                       temperature=temp), group_size=G)(
+      params, tokens, mask, jax.random.key(3))
+  tokens_bs, mask_bs, _, _ = grpo.rollout_sequences(rollout)
+  got, _ = grpo.sequence_logprobs(graphdef, params, tokens_bs, mask_bs,
+                                  temperature=jnp.float32(temp))
+  z = np.asarray(lm.forward(graphdef, params, tokens_bs, mask_bs), np.float64)[:, :-1] / temp
+  logp = z - z.max(-1, keepdims=True)
+  logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+  want = np.take_along_axis(logp, np.asarray(tokens_bs)[:, 1:, None], axis=-1)[..., 0]
+  np.testing.assert_allclose(got, want, atol=2e-5)
+
+  rewards = jnp.asarray(rng.integers(0, 2, 4 * G), jnp.float32)
+  valid = jnp.ones(4 * G, bool)
+  algo = grpo.GRPOConfig(group_size=G, kl_coef=0.04)
+  ref = jax.tree.map(lambda x: x * 1.01, params)
+  prep = functools.partial(grpo.prepare_batch, params, ref, rollout, rewards, valid,
+                           graphdef=graphdef, algo=algo)
+  _, untempered = prep()
+  batch, metrics = prep(temperature=jnp.float32(temp))
+  assert float(untempered['mismatch/logp_abs_diff']) > 1e-2   # near-uniform random model
+  assert float(metrics['mismatch/logp_abs_diff']) < 1e-5
+
+  optim = ml_collections.ConfigDict(dict(lr=1e-3, warmup_steps=0, b1=0.9, b2=0.99,
+                                         weight_decay=0.0, grad_clip=1.0))
+  tx, schedule = ts.make_optimizer(optim), ts.lr_schedule(optim)
+  controls = {'lr_scale': jnp.float32(1), 'kl_coef': jnp.float32(0.04),
+              'temperature': jnp.float32(temp)}
+  state = ts.TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params),
+                        controls=controls)
+  _, m1 = grpo.train_step(state, batch, graphdef=graphdef, algo=algo, tx=tx, schedule=schedule)
+  _, m2, _ = grpo_fused.fused_step(state, ref, rollout, rewards, valid, graphdef=graphdef,
+                                   algo=algo, tx=tx, schedule=schedule)
+  assert float(m2['mismatch/logp_abs_diff']) < 1e-5
+  for k in ('loss', 'kl', 'entropy', 'grad_norm'):
+    np.testing.assert_allclose(m2[k], m1[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
 def test_fusable_only_for_one_update_over_one_microbatch():
   assert grpo_fused.fusable(grpo.GRPOConfig(updates_per_batch=1))
   assert not grpo_fused.fusable(grpo.GRPOConfig(updates_per_batch=2))

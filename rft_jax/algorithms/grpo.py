@@ -89,8 +89,11 @@ class GRPOConfig:
 
 
 def sequence_logprobs(graphdef, params, tokens_bs, mask_bs, first: int = 0,
-                      group_size: int = 1):
+                      group_size: int = 1, temperature=None):
   """log pi(token_{l+1} | tokens_{<=l}) and the policy entropy at each position -> two [B, L].
+
+  temperature (a traced scalar; None = 1): pi = softmax(logits / temperature), the distribution
+  the sampler drew from at that temperature (without its top-k / top-p filter), as verl scores.
 
   first > 0 (static): the LM head and softmax run on positions l >= first only, and both are 0
   before it. With first = P - 1 that is the completion: the loss never reads prompt positions.
@@ -101,6 +104,8 @@ def sequence_logprobs(graphdef, params, tokens_bs, mask_bs, first: int = 0,
     logits = lm.forward_completions(graphdef, params, tokens_bs, mask_bs, first + 1, group_size)
   else:
     logits = lm.forward(graphdef, params, tokens_bs, mask_bs, logits_from=first)[:, :-1]
+  if temperature is not None:
+    logits = logits / jnp.asarray(temperature, logits.dtype)
   logp_blv = jax.nn.log_softmax(logits, axis=-1)
   logp_bl = jnp.take_along_axis(logp_blv, tokens_bs[:, first + 1:, None], axis=-1)[..., 0]
   pad = lambda x_bl: jnp.pad(x_bl, ((0, 0), (first, 0))) if first else x_bl
@@ -108,7 +113,7 @@ def sequence_logprobs(graphdef, params, tokens_bs, mask_bs, first: int = 0,
 
 
 def score_logprobs(graphdef, params, tokens_bs, mask_bs, chunks: int = 1, first: int = 0,
-                   group_size: int = 1):
+                   group_size: int = 1, temperature=None):
   """The log-probs of sequence_logprobs -> [B, L], computed `chunks` row chunks at a time.
 
   Only [B / chunks, L, V] logits exist at once (a lax.map over chunks), so a real vocabulary fits
@@ -116,12 +121,12 @@ def score_logprobs(graphdef, params, tokens_bs, mask_bs, chunks: int = 1, first:
   c + 2n, ... (n = chunks): with rows sharded over the data axis, every chunk spans every shard.
   With group_size K > 1 the unit is a group of K consecutive rows instead of a row (chunk c
   holds groups c, c + n, ...), so each chunk can run its prompts once. Each row is scored on its
-  own, so the values equal the single pass (chunks = 1). first, group_size: as
+  own, so the values equal the single pass (chunks = 1). first, group_size, temperature: as
   sequence_logprobs.
   """
   if group_size > 1 and chunks > 1 and (tokens_bs.shape[0] // group_size) % chunks:
     group_size = 1   # chunks do not divide the groups: score row by row (same values)
-  kw = {'first': first, 'group_size': group_size}
+  kw = {'first': first, 'group_size': group_size, 'temperature': temperature}
   if chunks <= 1:
     return sequence_logprobs(graphdef, params, tokens_bs, mask_bs, **kw)[0]
   b, k = tokens_bs.shape[0], group_size
@@ -145,7 +150,7 @@ def rollout_sequences(rollout: Rollout):
 
 
 def prepare_batch(params, ref_params, rollout: Rollout, rewards_b, valid_b, *, graphdef,
-                  algo: GRPOConfig, kl_coef=None):
+                  algo: GRPOConfig, kl_coef=None, temperature=None):
   """Scores a rollout with the trainer: old and reference log-probs, advantages, metrics.
 
   Rows with invalid rewards (valid_b False) are dropped from the loss by zeroing their mask, and
@@ -158,9 +163,11 @@ def prepare_batch(params, ref_params, rollout: Rollout, rewards_b, valid_b, *, g
   Also returns the exact invariants the monitor checks: the largest |mean advantage| of a group
   (0 for group-normalised estimators) and the number of loss tokens on prompt positions (0).
   kl_coef (traced scalar, default algo.kl_coef) weights the KL in the reward (kl_in_reward).
+  temperature (traced scalar, default 1): the sampling temperature the policy and reference are
+  scored at (sequence_logprobs); the train step must use the same (controls['temperature']).
   """
   tokens_bs, mask_bs, _, _ = rollout_sequences(rollout)
-  kw = dict(chunks=algo.score_chunks or algo.microbatches)
+  kw = dict(chunks=algo.score_chunks or algo.microbatches, temperature=temperature)
   if algo.shared_prompt:   # completion positions only, each group's prompt once (else all)
     kw.update(first=rollout.prompt_tokens_bp.shape[1] - 1, group_size=algo.group_size)
   old_logp_bl = score_logprobs(graphdef, params, tokens_bs, mask_bs, **kw)
@@ -229,15 +236,17 @@ TOKEN_MEAN_METRICS = ('kl', 'kl/k1', 'kl/k3', 'ppo_kl', 'ratio/abs_dev', 'entrop
                       'clip_frac/low', 'clip_frac/high', 'clip_frac/dual', 'ratio/mean')
 
 
-def loss_fn(params, mb, *, graphdef, algo: GRPOConfig, kl_coef=None):
+def loss_fn(params, mb, *, graphdef, algo: GRPOConfig, kl_coef=None, temperature=None):
   """Micro-batch loss as (sum, (count, metric sums)); see train_state.accumulate_grads.
 
   kl_coef (a traced scalar, default algo.kl_coef) weights the KL term when algo.use_reference
   (and not algo.kl_in_reward). (sum, count) come from algo.loss_agg. The TOKEN_MEAN_METRICS are
   token sums; for an aggregation other than token_mean (whose count is not the token count) the
   sums also hold 'count/tokens', and train_step turns those sums into exact token means.
+  temperature: as sequence_logprobs (train_step passes controls['temperature']).
   """
-  logp_bl, entropy_bl = sequence_logprobs(graphdef, params, mb['tokens'], mb['mask'])
+  logp_bl, entropy_bl = sequence_logprobs(graphdef, params, mb['tokens'], mb['mask'],
+                                          temperature=temperature)
   return loss_terms(logp_bl, entropy_bl, mb, algo=algo, kl_coef=kl_coef)
 
 
@@ -300,10 +309,18 @@ def token_means(metrics: dict) -> dict:
 def train_step(state: ts.TrainState, batch: dict, *, graphdef, algo: GRPOConfig, tx, schedule):
   """One optimiser update on a prepared batch -> (state, metrics). Pure; jit with donation."""
   kl_coef = kl_control.coef(state, algo)   # controls['kl_coef'] x the adaptive scale, if any
+  temperature = scoring_temperature(state)
   grads, metrics = ts.accumulate_grads(
-      lambda p, mb: loss_fn(p, mb, graphdef=graphdef, algo=algo, kl_coef=kl_coef), state.params,
-      batch, algo.microbatches)
+      lambda p, mb: loss_fn(p, mb, graphdef=graphdef, algo=algo, kl_coef=kl_coef,
+                            temperature=temperature), state.params, batch, algo.microbatches)
   return finish_update(state, grads, metrics, kl_coef, tx, schedule)
+
+
+def scoring_temperature(state: ts.TrainState):
+  """controls['temperature'] (the sampler's intended temperature), or None (= 1) without it."""
+  if state.controls is None or 'temperature' not in state.controls:
+    return None
+  return state.controls['temperature']
 
 
 def finish_update(state: ts.TrainState, grads, metrics: dict, kl_coef, tx, schedule):

@@ -42,14 +42,16 @@ def fused_step(state, ref_params, rollout, rewards_b, valid_b, *, graphdef,
   tokens_bs, mask_bs, _, _ = grpo.rollout_sequences(rollout)
   first = rollout.prompt_tokens_bp.shape[1] - 1   # LM head on the completion positions only
   kl_coef = kl_control.coef(state, algo)
+  temperature = grpo.scoring_temperature(state)
   ref_logp_bl = None
   if algo.use_reference:
     ref_logp_bl = grpo.score_logprobs(graphdef, ref_params, tokens_bs, mask_bs,
-                                      algo.score_chunks or 1, first, algo.prompt_group())
+                                      algo.score_chunks or 1, first, algo.prompt_group(),
+                                      temperature)
 
   def policy(params):
     logp_bl, entropy_bl = grpo.sequence_logprobs(graphdef, params, tokens_bs, mask_bs, first,
-                                                 algo.prompt_group())
+                                                 algo.prompt_group(), temperature)
     if algo.entropy_coef:   # the entropy is in the loss: differentiate it too
       return (logp_bl, entropy_bl), None
     return logp_bl, entropy_bl   # entropy only reported: no backward pass through it

@@ -107,6 +107,8 @@ def prepare_args(state, algo) -> dict:
     args['kl_coef'] = kl_control.coef(state, algo)
   if is_ppo(algo):
     args['critic_params'] = state.critic['params']
+  else:   # PPO scores untempered (its critic path has no temperature yet)
+    args['temperature'] = grpo.scoring_temperature(state)
   return args
 
 

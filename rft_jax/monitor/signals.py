@@ -76,6 +76,7 @@ INVARIANTS: tuple[tuple[str, str, float], ...] = (
     ('invariant/zero_std_frac', 'above_persist', 0.95),
     ('invariant/adv_reward_disagreement', 'above', 0.25),
     ('invariant/adv_correct_disagreement', 'above_credit', 0.25),
+    ('invariant/reward_out_of_range', 'above', 0.0),
 )
 INVARIANT_NAMES: tuple[str, ...] = tuple(name for name, _, _ in INVARIANTS)
 # The metric keys each invariant reads.
@@ -86,6 +87,7 @@ INVARIANT_SOURCES: dict[str, tuple[str, ...]] = {
     'invariant/zero_std_frac': ('reward/zero_std_frac',),
     'invariant/adv_reward_disagreement': ('invariant/adv_reward_disagreement',),
     'invariant/adv_correct_disagreement': ('invariant/adv_correct_disagreement',),
+    'invariant/reward_out_of_range': ('invariant/reward_out_of_range',),
 }
 INVARIANT_THRESHOLD = np.array([thr for _, _, thr in INVARIANTS], np.float32)  # [I]
 INVARIANT_PERSIST = np.array([kind.startswith('above_') for _, kind, _ in INVARIANTS])  # [I]

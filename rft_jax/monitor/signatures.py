@@ -89,6 +89,12 @@ SIGNATURES: tuple[Signature, ...] = (
               'several steps: rewards attached to the wrong completions (group/row ids mixed '
               'up), advantage signs flipped, or the reward pipeline corrupting rewards (noise, '
               'sign flips, a shaping term outweighing correctness)'),
+    Signature('reward_out_of_range', 'reward_pipeline', 'warn',
+              (C('invariant/reward_out_of_range', 'up'),), 'warn_only',
+              'rewards outside the range the weighted verifiers can produce: something between '
+              'the verifiers and the trainer scales, negates or adds to them (group '
+              'normalisation hides a scale, not a sign or an added term), or a verifier scores '
+              'outside [0, 1]'),
     Signature('reward_stall', 'reward_stall', 'warn',
               (C('invariant/zero_std_frac', 'up'),), 'raise_temperature',
               'almost every group scores all-equal for several steps: no learning signal left'),

@@ -176,6 +176,18 @@ class RewardResult:
   error_messages: dict[str, str] = dataclasses.field(default_factory=dict)
   stuck_chunks: int = 0
 
+  def out_of_range_frac(self, weights: Mapping[str, float]) -> float:
+    """Share of valid samples whose total lies outside [lo, hi], the range weighted verifiers
+    scoring in [0, 1] can produce: lo = sum_v min(w_v, 0), hi = sum_v max(w_v, 0) (with a
+    float32 rounding margin). Non-zero means something between the verifiers and the trainer
+    changed the reward (a scale, a sign, an undeclared shaping term) or a verifier broke its
+    [0, 1] contract; the monitor's invariant/reward_out_of_range."""
+    w = np.asarray([float(weights.get(n, 0.0)) for n in self.per_verifier], np.float64)
+    lo, hi = np.minimum(w, 0).sum(), np.maximum(w, 0).sum()
+    margin = 1e-5 * max(1.0, np.abs(w).sum())
+    t = np.asarray(self.total, np.float64)[self.valid]
+    return float(np.mean((t < lo - margin) | (t > hi + margin))) if t.size else 0.0
+
   def metrics(self) -> dict[str, float]:
     """Flat scalar metrics: per-verifier mean and std over valid samples, error/timeout counts,
     invalid fraction."""

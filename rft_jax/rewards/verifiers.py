@@ -6,7 +6,8 @@ are registered by name with `@register_verifier('name')` and looked up in `VERIF
 
 Verifiers run in worker processes (see `rft_jax.rewards.runner`), so they must be module-level
 functions: the runner pickles them by module path and name, and the worker imports that module.
-A verifier signals bad input (e.g. a malformed reference answer) by raising; the runner records
+A verifier scores in [0, 1] (the failure monitor flags totals outside the range the weighted
+verifiers can produce: RewardResult.out_of_range_frac). A verifier signals bad input (e.g. a malformed reference answer) by raising; the runner records
 that as an error for the sample instead of scoring it 0.
 
 Built-in verifiers for the arithmetic task (prompts like "37+48=", answers like "85" or "-33"):
