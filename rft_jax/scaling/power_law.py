@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from scipy import optimize
 
 from rft_jax.scaling import common
 
@@ -217,6 +216,7 @@ def fit_k_of_n(runs: Mapping[float, Any], *, level: float = 0.95, n_boot: int = 
 
   def resid(theta):
     return (theta[0] * sizes / (sizes + math.exp(theta[1])) - ks) * np.sqrt(w)
+  from scipy import optimize  # pylint: disable=g-import-not-at-top  (~0.4 s: only when fitting)
   res = optimize.least_squares(resid, [kmax0[0], ln_n00[0]], bounds=([-np.inf, lo], [np.inf, hi]))
   kmax, ln_n0 = res.x
   bk, bn = _k_of_n_grid(sizes, boot_k, w, grid)

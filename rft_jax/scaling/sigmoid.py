@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 import numpy as np
-from scipy import optimize, special
+from scipy import special
 
 from rft_jax.scaling import common
 
@@ -63,6 +63,7 @@ def _bounds(x, upper):
 def _least_squares(x, y, r0, theta0, bounds):
   fun, jac = _residual_fn(x, y, r0)
   theta0 = np.clip(theta0, bounds[0] + 1e-9, bounds[1] - 1e-9)
+  from scipy import optimize  # pylint: disable=g-import-not-at-top  (~0.4 s: only when fitting)
   res = optimize.least_squares(fun, theta0, jac=jac, bounds=bounds, method='trf',
                                x_scale='jac', max_nfev=200)
   return res.x, float(np.sum(res.fun ** 2))

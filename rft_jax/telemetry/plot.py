@@ -19,10 +19,6 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-
 from rft_jax.telemetry.sinks import read_jsonl
 
 _RAW_ALPHA = 0.35
@@ -214,6 +210,7 @@ def _mark_events(ax, incidents: Sequence[Mapping[str, Any]],
 
 def _events_legend(fig, colors: Mapping[str, str], remediations: bool) -> None:
   """One figure-level legend for the incident classes and remediation lines."""
+  from matplotlib.lines import Line2D  # pylint: disable=g-import-not-at-top  (0.5 s: at use)
   handles = [Line2D([], [], color=c, linewidth=1.4, label=name) for name, c in colors.items()]
   if remediations:
     handles.append(Line2D([], [], color='black', linestyle=':', label='remediation'))
@@ -238,6 +235,9 @@ def plot_records(train: Sequence[Mapping[str, Any]], png_path: str | os.PathLike
       'step' and a shaded span from 'onset_step' on every train panel, labelled by class.
     remediations: dicts with 'step' and optionally 'action': a dotted line on every train panel.
   """
+  # matplotlib takes ~0.5 s to import: only when a plot is drawn, not with the trainer.
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   train = [dict(r) for r in train]
   evals = [dict(r) for r in evals]
   fig = Figure(figsize=(15, 8.5), layout='constrained')
