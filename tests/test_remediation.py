@@ -48,8 +48,36 @@ def test_action_restores_before_onset_and_is_kept_when_it_helped():
 def test_action_is_undone_when_the_score_did_not_fall():
   r = Remediator('auto', Controls(), watch_steps=5)
   r.on_incident(incident(score=5.0), 22)
+  feed_health(r, range(22, 25), None)                   # on_step runs every step
   d = r.on_step(25, {'gradient_explosion': 7.0}, None)
   assert d.action == 'undo_lower_lr' and r.controls.lr_scale == 1.0
+
+
+def test_late_detection_is_judged_after_the_replay_and_not_retried():
+  """Detected 12 steps after onset with watch_steps 10: the window ends (onset + 10) before the
+  step that acts; the verdict waits for the replay. A fault that persists after the restore
+  re-fires the same signature: no second restore (it used to restore and replay forever)."""
+  r = Remediator('auto', Controls(), watch_steps=10)
+  d = r.on_incident(incident(score=2.0, onset=27), 39)
+  assert d.restore_before == 27 and r.on_step(39, {'gradient_explosion': 2.0}, 0.5) is None
+  assert not [e for e in r.drain_log() if e['kind'] == 'verdict']   # not judged yet
+  feed_health(r, range(26, 37), 0.5)                                # the replay
+  d = r.on_step(37, {'gradient_explosion': 2.0}, 0.5)
+  assert d.action == 'undo_lower_lr' and r.controls.lr_scale == 1.0
+  assert r.on_incident(incident(score=2.0, onset=27), 39) is None   # reported only
+
+
+def test_restores_are_capped_per_run():
+  r = Remediator('auto', Controls(), watch_steps=2, max_restores=2)
+  for k in range(3):
+    sig = dict(incident(score=5.0, onset=10 * k + 10), signature=f'sig{k}')
+    d = r.on_incident(sig, 10 * k + 11)
+    if k < 2:
+      assert d.restore_before == 10 * k + 10
+      feed_health(r, range(10 * k + 10, 10 * k + 13), 0.8)   # judged (kept or undone)
+    else:
+      assert d is None   # out of restores
+  assert r.restores == 2
 
 
 def test_escalates_while_reward_stays_below_its_pre_onset_level():

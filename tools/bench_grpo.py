@@ -94,7 +94,8 @@ class RftSide:
                                 shared_prompt=w.shared_prompt)
     tx, schedule = ts.make_optimizer(optim_config(w)), ts.lr_schedule(optim_config(w))
     self.mcfg = MonitorConfig()
-    controls = {'lr_scale': jnp.float32(1.0), 'kl_coef': jnp.float32(w.kl_coef)}
+    controls = {'lr_scale': jnp.float32(1.0), 'kl_coef': jnp.float32(w.kl_coef),
+                'temperature': jnp.float32(1.0)}   # as trainer.device_controls
     shardings = runs.state_shardings(c, tx, controls, monlib.init_monitor(self.mcfg))
     self.state = runs.init_state(params, tx, shardings, controls, monlib.init_monitor(self.mcfg))
     self.ref_params = jax.tree.map(jnp.copy, params)

@@ -15,6 +15,11 @@ decides. Modes (config.monitor.mode):
              (e.g. a persistent learning-rate fault); it is applied once more on top and the
              checkpoint before the onset is restored again, at most `max_escalations` times;
            - otherwise it helped and is kept.
+         An action is judged no earlier than the step after it (a late detection can put the
+         end of its window, onset + watch_steps, before the step that took it). A signature
+         whose action was undone gets no second action (it is still reported), and at most
+         `max_restores` checkpoint restores happen per run: a fault that persists after a
+         restore would otherwise be detected, restored and replayed forever.
 
 Controls are run-time knobs (TrainState.controls and the sampler temperature):
   lower_lr          lr_scale *= lr_factor (0.1)
@@ -78,13 +83,15 @@ class Watch:
   onset: int
   health_before: float | None
   escalations: int = 0
+  fresh: bool = True   # taken during this step: judged from the next on_step call on
 
 
 class Remediator:
   """Turns incidents into Decisions according to the mode, and judges past actions."""
 
   def __init__(self, mode: str, controls: Controls, watch_steps: int = 10,
-               lr_factor: float = 0.1, health_tol: float = 0.05, max_escalations: int = 2):
+               lr_factor: float = 0.1, health_tol: float = 0.05, max_escalations: int = 2,
+               max_restores: int = 4):
     if mode not in ('off', 'warn', 'halt', 'auto'):
       raise ValueError(f"monitor mode {mode!r}: expected off, warn, halt or auto")
     self.mode = mode
@@ -93,6 +100,9 @@ class Remediator:
     self.lr_factor = lr_factor
     self.health_tol = health_tol
     self.max_escalations = max_escalations
+    self.max_restores = max_restores
+    self.restores = 0                # checkpoint restores decided so far
+    self.undone: set[str] = set()    # signatures whose action did not help
     self.health: dict[int, float] = {}   # step -> health signal (mean reward), latest pass
     self.watches: list[Watch] = []
     self.log: list[dict[str, Any]] = []   # decisions and verdicts not yet handed out
@@ -101,7 +111,8 @@ class Remediator:
     """JSON-friendly state (controls, watched actions, health history) for checkpoints."""
     return {'controls': self.controls.as_dict(),
             'watches': [dataclasses.asdict(w) for w in self.watches],
-            'health': {str(s): v for s, v in self.health.items()}}
+            'health': {str(s): v for s, v in self.health.items()},
+            'restores': self.restores, 'undone': sorted(self.undone)}
 
   def load_state_dict(self, d: dict[str, Any]) -> None:
     """Restores state_dict()'s output: a resumed run judges pending actions as if uninterrupted."""
@@ -109,6 +120,7 @@ class Remediator:
     self.watches = [Watch(**{**w, 'controls_before': Controls(**w['controls_before'])})
                     for w in d['watches']]
     self.health = {int(s): float(v) for s, v in d['health'].items()}
+    self.restores, self.undone = int(d.get('restores', 0)), set(d.get('undone', ()))
 
   def drain_log(self) -> list[dict[str, Any]]:
     """Decisions and verdicts since the last call (for incidents.jsonl and the hooks)."""
@@ -126,9 +138,14 @@ class Remediator:
     if self.watches:
       return None      # one action at a time: the one being watched is judged first
     action = incident['remediation']
+    restoring = action in RESTORING_ACTIONS
+    if incident['signature'] in self.undone or (restoring and
+                                                self.restores >= self.max_restores):
+      return None      # tried and undone, or out of restores: reported only
     before = self.controls
     self.controls = apply_action(action, before, self.lr_factor)
-    restore = incident['onset_step'] if action in RESTORING_ACTIONS else None
+    restore = incident['onset_step'] if restoring else None
+    self.restores += restoring
     onset = int(incident['onset_step'])
     resume_from = onset if restore is not None else step   # where the watched run restarts
     self.watches.append(Watch(incident['signature'], action, float(incident['score']), before,
@@ -151,12 +168,13 @@ class Remediator:
     """Judges watched actions whose window has ended (see the module doc).
 
     scores: the current score of every signature (0 when inactive). health: this step's health
-    signal (mean reward), remembered per step (a rewound step overwrites its old value).
+    signal (mean reward), remembered per step (a rewound step overwrites its old value). Called
+    at every step, after that step's on_incident calls.
     """
     if health is not None:
       self.health[step] = float(health)
-    due = [w for w in self.watches if step >= w.until]
-    self.watches = [w for w in self.watches if step < w.until]
+    due = [w for w in self.watches if step >= w.until and not w.fresh]
+    self.watches = [w for w in self.watches if w not in due]
     decision = None
     for w in due:
       now = float(scores.get(w.signature, 0.0))
@@ -171,10 +189,13 @@ class Remediator:
       if w.action in ('skip_batch', 'warn_only'):
         continue
       if not fell:
+        self.undone.add(w.signature)
         self.controls = w.controls_before
         decision = self._record(step, Decision(f'undo_{w.action}', self.controls,
                                                reason=f'{w.signature} score did not fall'))
-      elif not recovered and w.escalations < self.max_escalations:
+      elif (not recovered and w.escalations < self.max_escalations
+            and self.restores < self.max_restores):
+        self.restores += 1
         self.controls = apply_action(w.action, self.controls, self.lr_factor)
         self.watches.append(dataclasses.replace(
             w, until=w.onset + self.watch_steps, escalations=w.escalations + 1))
@@ -182,6 +203,7 @@ class Remediator:
             f'escalate_{w.action}', self.controls, restore_before=w.onset,
             reason=(f'{w.signature}: reward {health_now:.3f} still below {w.health_before:.3f} '
                     f'before the onset')))
+    self.watches = [dataclasses.replace(w, fresh=False) for w in self.watches]
     return decision
 
   def _record(self, step: int, d: Decision) -> Decision:
