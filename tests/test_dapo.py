@@ -79,7 +79,7 @@ def test_score_logprobs_chunk_layout_is_interleaved():
   result puts every row back in its place, and each chunk gets whole groups."""
   calls = []
 
-  def fake(graphdef, params, tokens_bs, mask_bs, first=0, group_size=1):
+  def fake(graphdef, params, tokens_bs, mask_bs, first=0, group_size=1, temperature=None):
     calls.append((tokens_bs.shape, group_size))
     if group_size > 1:   # each row reads its group's first row, as a shared prompt would
       tokens_bs = jnp.repeat(tokens_bs[::group_size], group_size, axis=0)

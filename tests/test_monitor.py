@@ -131,16 +131,22 @@ def test_onset_estimate_close_to_true_onset(suite):
   assert np.mean(errors <= 4) >= 0.85, errors
 
 
-@pytest.mark.parametrize('variant', ['nan_loss', 'group_adv_mean_max', 'prompt_loss_tokens'])
+@pytest.mark.parametrize('variant', ['nan_loss', 'group_adv_mean_max', 'prompt_loss_tokens',
+                                     'group_prompt_mismatch', 'reward_out_of_range'])
 def test_invariants_fire_on_the_same_step(variant):
   trace = synthetic.healthy_trace(np.random.default_rng(7), 60)
   onset = 5                                   # inside warm-up: invariants need no baseline
+  severity = 'critical'
   if variant == 'nan_loss':
     trace = synthetic.inject(trace, 'nan_loss', onset)
     expect = 'nan_loss'
   else:
-    trace[f'invariant/{variant}'][onset:] = 0.5 if variant == 'group_adv_mean_max' else 4.0
+    trace[f'invariant/{variant}'] = np.zeros(60, np.float32)    # the healthy value
+    trace[f'invariant/{variant}'][onset:] = {'group_adv_mean_max': 0.5,
+                                             'reward_out_of_range': 0.01}.get(variant, 4.0)
     expect = 'credit_assignment'
+    if variant == 'reward_out_of_range':
+      expect, severity = 'reward_pipeline', 'warn'
   al = run_batch([trace])
   fired_steps, ks = np.nonzero(al.fired[0])
   assert fired_steps.min() == onset
@@ -148,7 +154,7 @@ def test_invariants_fire_on_the_same_step(variant):
   assert [s.fault_class for s in first] == [expect]
   incidents = incidents_from_alarms(jax.tree.map(lambda a: a[0, onset], al), step=onset + 100)
   assert incidents[0]['onset_step'] == onset + 100 and incidents[0]['step'] == onset + 100
-  assert incidents[0]['severity'] == 'critical'
+  assert incidents[0]['severity'] == severity
 
 
 def test_reward_stall_needs_persistence():

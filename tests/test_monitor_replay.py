@@ -270,14 +270,15 @@ def test_plot_run_marks_incidents_from_jsonl_and_argument(tmp_path, monkeypatch)
   sink.write(30, 'verdict', {'signature': 'kl_explosion', 'helped': True})  # not marked
   sink.close()
 
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   figures = []
-  real_savefig = plot.Figure.savefig
+  real_savefig = Figure.savefig
 
   def savefig(fig, *args, **kwargs):
     figures.append(fig)
     return real_savefig(fig, *args, **kwargs)
 
-  monkeypatch.setattr(plot.Figure, 'savefig', savefig)
+  monkeypatch.setattr(Figure, 'savefig', savefig)
   png = tmp_path / 'run.png'
   plot.plot_run(path, png, incidents=[{'step': 35, 'onset_step': 33,
                                        'fault_class': 'entropy_collapse'}])

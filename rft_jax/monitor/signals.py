@@ -77,6 +77,7 @@ INVARIANTS: tuple[tuple[str, str, float], ...] = (
     ('invariant/adv_reward_disagreement', 'above', 0.25),
     ('invariant/adv_correct_disagreement', 'above_credit', 0.25),
     ('invariant/reward_out_of_range', 'above', 0.0),
+    ('invariant/group_prompt_mismatch', 'above', 0.0),
 )
 INVARIANT_NAMES: tuple[str, ...] = tuple(name for name, _, _ in INVARIANTS)
 # The metric keys each invariant reads.
@@ -88,6 +89,7 @@ INVARIANT_SOURCES: dict[str, tuple[str, ...]] = {
     'invariant/adv_reward_disagreement': ('invariant/adv_reward_disagreement',),
     'invariant/adv_correct_disagreement': ('invariant/adv_correct_disagreement',),
     'invariant/reward_out_of_range': ('invariant/reward_out_of_range',),
+    'invariant/group_prompt_mismatch': ('invariant/group_prompt_mismatch',),
 }
 INVARIANT_THRESHOLD = np.array([thr for _, _, thr in INVARIANTS], np.float32)  # [I]
 INVARIANT_PERSIST = np.array([kind.startswith('above_') for _, kind, _ in INVARIANTS])  # [I]

@@ -89,6 +89,10 @@ SIGNATURES: tuple[Signature, ...] = (
               'several steps: rewards attached to the wrong completions (group/row ids mixed '
               'up), advantage signs flipped, or the reward pipeline corrupting rewards (noise, '
               'sign flips, a shaping term outweighing correctness)'),
+    Signature('group_prompt_mismatch', 'credit_assignment', 'critical',
+              (C('invariant/group_prompt_mismatch', 'up'),), 'halt',
+              'rows of a group do not share their prompt, but algo.shared_prompt scores every '
+              'row with its group\'s first prompt: the rollout\'s group layout is broken'),
     Signature('reward_out_of_range', 'reward_pipeline', 'warn',
               (C('invariant/reward_out_of_range', 'up'),), 'warn_only',
               'rewards outside the range the weighted verifiers can produce: something between '
