@@ -271,6 +271,31 @@ def test_train_step_reduces_the_value_loss_on_a_fixed_batch(tiny, mode):
   assert int(state.step) == 25 and float(m['critic/grad_norm']) > 0
 
 
+@pytest.mark.parametrize('mode', ['shared', 'separate'])
+def test_scoring_follows_the_temperature_control(tiny, mode):
+  """prepare_batch scores at the temperature it is given (the policy's log-probs equal
+  grpo.sequence_logprobs at that temperature) and the update at controls['temperature']: with
+  both at 0.5 the first update's ratio is 1 (ppo_kl 0); scoring at 1 instead is off-policy."""
+  graphdef, params, ref_params, rollout, rewards, valid, _ = tiny
+  algo = ppo.PPOConfig(critic=mode, kl_coef=0.05, group_size=2)
+  state, kwargs, cp = _state(tiny, mode, algo)
+  prep = jax.jit(functools.partial(ppo.prepare_batch, graphdef=graphdef, algo=algo))
+  cold, _ = prep(params, ref_params, rollout, rewards, valid, critic_params=cp,
+                 temperature=jnp.float32(0.5))
+  want, _ = grpo.sequence_logprobs(graphdef, params, cold['tokens'], cold['mask'],
+                                   temperature=jnp.float32(0.5))
+  np.testing.assert_allclose(cold['old_logp'], want, rtol=1e-5, atol=1e-5)
+  plain = _prepared(tiny, algo, cp)['old_logp']
+  assert float(jnp.abs(cold['old_logp'] - plain).max()) > 0.1
+  step = jax.jit(functools.partial(ppo.train_step, **kwargs))
+  controls = lambda t: {'lr_scale': jnp.float32(1), 'kl_coef': jnp.float32(0.05),
+                        'temperature': jnp.float32(t)}
+  _, m = step(state.replace(controls=controls(0.5)), cold)
+  assert abs(float(m['ppo_kl'])) < 1e-6
+  _, m = step(state.replace(controls=controls(1.0)), cold)
+  assert abs(float(m['ppo_kl'])) > 1e-3
+
+
 def test_minibatch_epoch_equals_sequential_updates_on_the_shuffled_slices(tiny):
   algo = ppo.PPOConfig(critic='shared', kl_coef=0.05, vf_clip=0.2, minibatches=2, group_size=2)
   state, kwargs, cp = _state(tiny, 'shared', algo)

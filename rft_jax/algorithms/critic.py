@@ -51,9 +51,12 @@ def values(head: dict, h_bse) -> jax.Array:
   return h_bse.astype(jnp.float32) @ head['kernel'] + head['bias']
 
 
-def token_logprobs(logits_bsv, tokens_bs):
-  """log pi(token_{l+1} | <= l) and the entropy at each target position -> two [B, L]."""
+def token_logprobs(logits_bsv, tokens_bs, temperature=None):
+  """log pi(token_{l+1} | <= l) and the entropy at each target position -> two [B, L];
+  temperature: as grpo.sequence_logprobs (pi = softmax(logits / temperature))."""
   logits = logits_bsv[:, :-1]   # as grpo.sequence_logprobs
+  if temperature is not None:
+    logits = logits / jnp.asarray(temperature, logits.dtype)
   logp_blv = jax.nn.log_softmax(logits, axis=-1)
   logp_bl = jnp.take_along_axis(logp_blv, tokens_bs[:, 1:, None], axis=-1)[..., 0]
   return logp_bl, token_entropy(logits)
@@ -64,15 +67,15 @@ def critic_backbone(mode: str, policy_params, critic_params):
   return policy_params if mode == 'shared' else critic_params['backbone']
 
 
-def score(graphdef, params, head, tokens_bs, mask_bs, chunks: int = 1):
+def score(graphdef, params, head, tokens_bs, mask_bs, chunks: int = 1, temperature=None):
   """(logp_bl, values_bl) [B, L] from one backbone pass, in `chunks` row chunks.
 
   Chunk c holds rows c, c + n, ... (n = chunks), as grpo.score_logprobs; each row is scored on
-  its own, so the values equal a single pass.
+  its own, so the values equal a single pass. temperature: as token_logprobs.
   """
   def one(tokens, mask):
     h_bse, logits = hidden_and_logits(graphdef, params, tokens, mask)
-    return token_logprobs(logits, tokens)[0], values(head, h_bse)[:, :-1]
+    return token_logprobs(logits, tokens, temperature)[0], values(head, h_bse)[:, :-1]
 
   if chunks <= 1:
     return one(tokens_bs, mask_bs)

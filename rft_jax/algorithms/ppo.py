@@ -107,8 +107,7 @@ def prepare_args(state, algo) -> dict:
     args['kl_coef'] = kl_control.coef(state, algo)
   if is_ppo(algo):
     args['critic_params'] = state.critic['params']
-  else:   # PPO scores untempered (its critic path has no temperature yet)
-    args['temperature'] = grpo.scoring_temperature(state)
+  args['temperature'] = grpo.scoring_temperature(state)   # the sampler's (controls)
   return args
 
 
@@ -121,7 +120,7 @@ def token_rewards(rewards_b, mask_bt):
 
 
 def prepare_batch(params, ref_params, rollout: Rollout, rewards_b, valid_b, *, graphdef,
-                  algo: PPOConfig, critic_params, kl_coef=None):
+                  algo: PPOConfig, critic_params, kl_coef=None, temperature=None):
   """Scores a rollout: old/reference log-probs, old values, GAE advantages and returns.
 
   As grpo.prepare_batch for masks (invalid rows, overlong 'mask'), chunked scoring, TIS and
@@ -136,14 +135,17 @@ def prepare_batch(params, ref_params, rollout: Rollout, rewards_b, valid_b, *, g
   chunks = algo.score_chunks or algo.microbatches
   head = critic_params['head']
   if algo.critic == 'shared':   # one pass: log-probs and values from the policy's backbone
-    old_logp_bl, old_values_bl = critic.score(graphdef, params, head, tokens_bs, mask_bs, chunks)
+    old_logp_bl, old_values_bl = critic.score(graphdef, params, head, tokens_bs, mask_bs, chunks,
+                                              temperature)
   else:
-    old_logp_bl = grpo.score_logprobs(graphdef, params, tokens_bs, mask_bs, chunks)
+    old_logp_bl = grpo.score_logprobs(graphdef, params, tokens_bs, mask_bs, chunks,
+                                      temperature=temperature)
     _, old_values_bl = critic.score(graphdef, critic_params['backbone'], head, tokens_bs,
                                     mask_bs, chunks)
   old_logp_bl, old_values_bl = jax.lax.stop_gradient((old_logp_bl, old_values_bl))
   if algo.use_reference:
-    ref_logp_bl = grpo.score_logprobs(graphdef, ref_params, tokens_bs, mask_bs, chunks)
+    ref_logp_bl = grpo.score_logprobs(graphdef, ref_params, tokens_bs, mask_bs, chunks,
+                                      temperature=temperature)
   else:
     ref_logp_bl = old_logp_bl
   p = rollout.prompt_tokens_bp.shape[1]
@@ -184,7 +186,7 @@ def prepare_batch(params, ref_params, rollout: Rollout, rewards_b, valid_b, *, g
   return batch, metrics
 
 
-def loss_fn(params, mb, *, graphdef, algo: PPOConfig, kl_coef, n_pg, n_tok):
+def loss_fn(params, mb, *, graphdef, algo: PPOConfig, kl_coef, n_pg, n_tok, temperature=None):
   """Micro-batch objective, already divided by the global counts -> (loss, metrics).
 
   params = (policy params, critic params). n_pg: the policy aggregation's count over the whole
@@ -193,9 +195,10 @@ def loss_fn(params, mb, *, graphdef, algo: PPOConfig, kl_coef, n_pg, n_tok):
   policy, critic_params = params
   if algo.critic == 'shared':
     h_bse, logits = critic.hidden_and_logits(graphdef, policy, mb['tokens'], mb['mask'])
-    logp_bl, entropy_bl = critic.token_logprobs(logits, mb['tokens'])
+    logp_bl, entropy_bl = critic.token_logprobs(logits, mb['tokens'], temperature)
   else:
-    logp_bl, entropy_bl = grpo.sequence_logprobs(graphdef, policy, mb['tokens'], mb['mask'])
+    logp_bl, entropy_bl = grpo.sequence_logprobs(graphdef, policy, mb['tokens'], mb['mask'],
+                                                 temperature=temperature)
     h_bse, _ = critic.hidden_and_logits(graphdef, critic_params['backbone'], mb['tokens'],
                                         mb['mask'])
   pg_sum, (_, sums) = grpo.loss_terms(logp_bl, entropy_bl, mb, algo=algo, kl_coef=kl_coef)
@@ -233,7 +236,7 @@ def update(state: ts.TrainState, mb: dict, *, graphdef, algo: PPOConfig, tx, sch
                          norm_len=algo.max_len)[1], 1.0)
   n_tok = jnp.maximum(mb['loss_mask'].sum(), 1.0)
   fn = functools.partial(loss_fn, graphdef=graphdef, algo=algo, kl_coef=kl_coef, n_pg=n_pg,
-                         n_tok=n_tok)
+                         n_tok=n_tok, temperature=grpo.scoring_temperature(state))
   (g_policy, g_critic), metrics = sum_grads(fn, (state.params, state.critic['params']), mb,
                                             algo.microbatches)
   metrics = grpo.token_means(metrics)
