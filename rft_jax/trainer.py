@@ -7,12 +7,12 @@ from the latest checkpoint (or reports that the run is already complete).
 
 The failure monitor's state lives in TrainState.monitor and is updated on device every step; its
 alarms come back with the step's metrics (no extra host round-trip). Incidents go to the console,
-metrics.jsonl (kind 'incident'), incidents.jsonl and the end-of-run report; remediation
-(config.monitor.mode) is executed here: see rft_jax/monitor/remediation.py for the policy.
+metrics.jsonl (kind 'incident'), incidents.jsonl and the end-of-run report (rft_jax/incidents.py);
+remediation (config.monitor.mode) is executed here: see rft_jax/monitor/remediation.py for the
+policy.
 """
 import dataclasses
 import functools
-import json
 import os
 import time
 
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rft_jax import components, evaluation, faults, rollouts, runs
+from rft_jax import components, evaluation, faults, incidents, rollouts, runs
 from rft_jax.algorithms import kl_control, ppo
 from rft_jax.algorithms import step_fns as step_fns_lib
 from rft_jax.algorithms import train_state as ts
@@ -30,13 +30,12 @@ from rft_jax.monitor import credit
 from rft_jax.monitor import monitor as monlib
 from rft_jax.monitor.detectors import MonitorConfig
 from rft_jax.monitor.remediation import Controls, Remediator
-from rft_jax.monitor.signatures import SIGNATURES
 from rft_jax.parallel import hostdata
 from rft_jax.parallel import mesh as meshlib
 from rft_jax.rewards.runner import RewardRunner
 from rft_jax.sampling.sampler import SamplingConfig, make_sampler
 from rft_jax.scaling import live as scaling_live
-from rft_jax.telemetry import flops, sinks, vocabulary
+from rft_jax.telemetry import flops, vocabulary
 from rft_jax.telemetry.metrics import completion_diversity
 
 TrainingError = runs.TrainingError
@@ -76,47 +75,6 @@ def observe(state: ts.TrainState, metrics: dict, *, mcfg, algo=None, rows: int =
     return state, {}
   mstate, alarms = monlib.monitor_update(state.monitor, metrics, mcfg)
   return state.replace(monitor=mstate), alarms
-
-
-class IncidentLog:
-  """workdir/incidents.jsonl (every incident and action) and the end-of-run report."""
-
-  def __init__(self, workdir: str, resume_step: int):
-    self.path = os.path.join(workdir, 'incidents.jsonl')
-    self.primary = jax.process_index() == 0   # only process 0 writes; all keep the entries
-    self.entries = []
-    if os.path.exists(self.path):
-      with open(self.path) as f:
-        self.entries = [e for e in map(json.loads, f) if e['step'] <= resume_step]
-      self._rewrite()
-
-  def add(self, entry: dict) -> None:
-    self.entries.append(entry)
-    if not self.primary:
-      return
-    with open(self.path, 'a') as f:
-      f.write(json.dumps(entry) + '\n')
-
-  def _rewrite(self) -> None:
-    if not self.primary:
-      return
-    with open(self.path + '.tmp', 'w') as f:
-      f.writelines(json.dumps(e) + '\n' for e in self.entries)
-    os.replace(self.path + '.tmp', self.path)
-
-  def report(self) -> str:
-    """Human-readable summary of incidents and actions (also written to incidents.md)."""
-    incidents = [e for e in self.entries if e['kind'] == 'incident']
-    lines = [f'{len(incidents)} incident(s)']
-    for e in self.entries:
-      if e['kind'] == 'incident':
-        ev = ', '.join(f"{x['signal']} {x['direction']}" for x in e.get('evidence', [])[:3])
-        lines.append(f"- step {e['step']}: {e['fault_class']} [{e['severity']}] since step "
-                     f"{e['onset_step']} (score {e['score']:.2f}; {ev}); "
-                     f"suggested {e['remediation']}")
-      else:
-        lines.append('  - ' + sinks.describe_incident(e['step'], e))
-    return '\n'.join(lines)
 
 
 def run(config, workdir: str, hooks_extra=()) -> dict:
@@ -177,7 +135,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
     remediator.load_state_dict(meta['remediator'])
   if reset_ref is not None:   # remediation had reset the reference policy before the checkpoint
     ref_params = reset_ref
-  incident_log = IncidentLog(workdir, start)
+  incident_log = incidents.IncidentLog(workdir, start)
   live_fit = scaling_live.LiveFit.from_config(config, meta)   # no-op unless scaling.live_every
 
   injector = faults.FaultInjector(config.get('faults', []), config.seed,
@@ -290,7 +248,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
       hooks.on_step(step, vocabulary.with_aliases(metrics))   # + verl names (README table)
 
       if mcfg is not None:
-        decision = handle_alarms(alarms, step, remediator, hooks, incident_log,
+        decision = incidents.handle_alarms(alarms, step, remediator, hooks, incident_log,
                                  health=metrics.get('reward/mean'))
         if decision is not None and decision.halt:
           raise TrainingError(
@@ -379,27 +337,3 @@ def check_rewards(rewards, max_invalid_frac: float, step: int, texts) -> None:
       f'reward failure at step {step}: {invalid:.0%} of samples unscored '
       f'(> config.rewards.max_invalid_frac={max_invalid_frac}); verifier {name!r}: {detail}; '
       'the last good checkpoint is kept')
-
-
-def handle_alarms(alarms, step, remediator: Remediator, hooks, incident_log: IncidentLog,
-                  health: float | None = None):
-  """Reports newly fired incidents, asks the remediator what to do, judges past actions.
-
-  Returns the Decision to execute (at most one per step), or None.
-  """
-  decision = None
-  for incident in monlib.incidents_from_alarms(alarms, step):
-    entry = {'kind': 'incident', **incident}
-    incident_log.add(entry)
-    hooks.on_incident(step, entry)
-    d = remediator.on_incident(incident, step)
-    decision = decision or d
-  active = np.asarray(alarms.active)
-  scores = {s.name: float(alarms.score[k]) if active[k] else 0.0
-            for k, s in enumerate(SIGNATURES)}
-  verdict = remediator.on_step(step, scores, health)
-  decision = decision or verdict
-  for entry in remediator.drain_log():
-    incident_log.add(entry)
-    hooks.on_incident(step, entry)
-  return decision

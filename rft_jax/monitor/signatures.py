@@ -66,42 +66,51 @@ class Signature:
 
 
 C = Condition
+
+
+def exact(name: str, fault_class: str, severity: str, invariant: str, remediation: str,
+          description: str) -> Signature:
+  """A signature on one exact invariant: it fires on the step the invariant is violated."""
+  return Signature(name, fault_class, severity, (Condition(invariant, 'up'),), remediation,
+                   description)
+
+
 SIGNATURES: tuple[Signature, ...] = (
     # --- exact invariants --------------------------------------------------------------------
-    Signature('nan_loss', 'nan_loss', 'critical',
-              (C('invariant/nonfinite', 'up'),), 'skip_batch',
-              'loss or grad_norm is NaN/Inf: the update would corrupt the parameters'),
-    Signature('group_adv_mean_nonzero', 'credit_assignment', 'critical',
-              (C('invariant/group_adv_mean_max', 'up'),), 'halt',
-              'a group\'s mean advantage is not 0: groups mixed up or advantage sign/normalisation '
-              'wrong'),
-    Signature('prompt_tokens_in_loss', 'credit_assignment', 'critical',
-              (C('invariant/prompt_loss_tokens', 'up'),), 'halt',
-              'the loss mask covers prompt tokens: the policy is trained on its inputs'),
-    Signature('advantage_reward_mismatch', 'credit_assignment', 'critical',
-              (C('invariant/adv_reward_disagreement', 'up'),), 'halt',
-              'within groups the advantages the loss uses do not follow the rewards they were '
-              'computed from (some groups trained in the wrong direction): an advantage sign or '
-              'row-order bug between the estimator and the loss; no knob fixes it'),
-    Signature('advantage_correctness_mismatch', 'credit_assignment', 'critical',
-              (C('invariant/adv_correct_disagreement', 'up'),), 'halt',
-              'within groups the advantages do not follow the verifier\'s correctness for '
-              'several steps: rewards attached to the wrong completions (group/row ids mixed '
-              'up), advantage signs flipped, or the reward pipeline corrupting rewards (noise, '
-              'sign flips, a shaping term outweighing correctness)'),
-    Signature('group_prompt_mismatch', 'credit_assignment', 'critical',
-              (C('invariant/group_prompt_mismatch', 'up'),), 'halt',
-              'rows of a group do not share their prompt, but algo.shared_prompt scores every '
-              'row with its group\'s first prompt: the rollout\'s group layout is broken'),
-    Signature('reward_out_of_range', 'reward_pipeline', 'warn',
-              (C('invariant/reward_out_of_range', 'up'),), 'warn_only',
-              'rewards outside the range the weighted verifiers can produce: something between '
-              'the verifiers and the trainer scales, negates or adds to them (group '
-              'normalisation hides a scale, not a sign or an added term), or a verifier scores '
-              'outside [0, 1]'),
-    Signature('reward_stall', 'reward_stall', 'warn',
-              (C('invariant/zero_std_frac', 'up'),), 'raise_temperature',
-              'almost every group scores all-equal for several steps: no learning signal left'),
+    exact('nan_loss', 'nan_loss', 'critical',
+          'invariant/nonfinite', 'skip_batch',
+          'loss or grad_norm is NaN/Inf: the update would corrupt the parameters'),
+    exact('group_adv_mean_nonzero', 'credit_assignment', 'critical',
+          'invariant/group_adv_mean_max', 'halt',
+          'a group\'s mean advantage is not 0: groups mixed up or advantage sign/normalisation '
+          'wrong'),
+    exact('prompt_tokens_in_loss', 'credit_assignment', 'critical',
+          'invariant/prompt_loss_tokens', 'halt',
+          'the loss mask covers prompt tokens: the policy is trained on its inputs'),
+    exact('advantage_reward_mismatch', 'credit_assignment', 'critical',
+          'invariant/adv_reward_disagreement', 'halt',
+          'within groups the advantages the loss uses do not follow the rewards they were '
+          'computed from (some groups trained in the wrong direction): an advantage sign or '
+          'row-order bug between the estimator and the loss; no knob fixes it'),
+    exact('advantage_correctness_mismatch', 'credit_assignment', 'critical',
+          'invariant/adv_correct_disagreement', 'halt',
+          'within groups the advantages do not follow the verifier\'s correctness for '
+          'several steps: rewards attached to the wrong completions (group/row ids mixed '
+          'up), advantage signs flipped, or the reward pipeline corrupting rewards (noise, '
+          'sign flips, a shaping term outweighing correctness)'),
+    exact('group_prompt_mismatch', 'credit_assignment', 'critical',
+          'invariant/group_prompt_mismatch', 'halt',
+          'rows of a group do not share their prompt, but algo.shared_prompt scores every '
+          'row with its group\'s first prompt: the rollout\'s group layout is broken'),
+    exact('reward_out_of_range', 'reward_pipeline', 'warn',
+          'invariant/reward_out_of_range', 'warn_only',
+          'rewards outside the range the weighted verifiers can produce: something between '
+          'the verifiers and the trainer scales, negates or adds to them (group '
+          'normalisation hides a scale, not a sign or an added term), or a verifier scores '
+          'outside [0, 1]'),
+    exact('reward_stall', 'reward_stall', 'warn',
+          'invariant/zero_std_frac', 'raise_temperature',
+          'almost every group scores all-equal for several steps: no learning signal left'),
     # --- drift patterns ------------------------------------------------------------------------
     Signature('reward_hacking', 'reward_hacking', 'critical',
               (C('reward/mean', 'up', 0.6), C('reward/correct/mean', 'not_up'),
@@ -143,7 +152,7 @@ SIGNATURES: tuple[Signature, ...] = (
               (C('mismatch/logp_abs_diff', 'up', 1.5),), 'warn_only',
               'sampler and trainer log-probs disagree: the update is off-policy'),
 )
-del C
+del C, exact
 
 SIGNATURE_NAMES: tuple[str, ...] = tuple(s.name for s in SIGNATURES)
 FAULT_CLASSES: tuple[str, ...] = tuple(dict.fromkeys(s.fault_class for s in SIGNATURES))
