@@ -11,7 +11,8 @@ from flax import nnx
 from scipy import stats
 
 from rft_jax.models import ModelConfig, create, forward
-from rft_jax.sampling.sampler import SamplingConfig, choose, filter_logits, make_sampler
+from rft_jax.sampling.sampler import (SamplingConfig, choose, filter_logits, inverse_cdf_draw,
+                                     make_sampler)
 import model_fixtures
 from model_fixtures import randomize
 
@@ -236,6 +237,25 @@ def test_choose_logp_and_support():
     assert keep[tok[b]]
     zk = np.where(keep, z, -np.inf)
     assert abs(logp[b] - np_log_softmax(zk)[tok[b]]) < 1e-4
+
+
+def test_inverse_cdf_draw_against_python_reference():
+  """The first token whose cumulative mass exceeds u * total, as a plain loop; zero-mass tokens
+  (filtered to the dtype's minimum, as filter_logits does) never come out, even at u -> 1."""
+  rng = np.random.RandomState(3)
+  logits = (2.0 * rng.randn(32, 10)).astype(np.float32)
+  logits[:, -3:] = np.finfo(np.float32).min              # the tail removed, as top-k would
+  logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), axis=-1))
+  u = rng.rand(32).astype(np.float32)
+  u[:4] = [0.0, np.nextafter(np.float32(1), np.float32(0)), 0.5, 1.0]   # the edges (1.0 too)
+  got = np.asarray(inverse_cdf_draw(jnp.asarray(logp), jnp.asarray(u)))
+  for b in range(32):
+    p = np.exp(logp[b].astype(np.float64))
+    cdf = np.cumsum(p)
+    ref = next((v for v in range(10) if cdf[v] > u[b] * cdf[-1]), int(np.argmax(p)))
+    assert p[got[b]] > 0, (b, got[b])
+    if abs(cdf[ref] - u[b] * cdf[-1]) > 1e-5:   # away from a float tie with the reference
+      assert got[b] == ref, (b, got[b], ref, u[b])
 
 
 # ----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rft_jax.models import llama
 from rft_jax.models.llama import Cache, ModelConfig, Transformer
 
 
@@ -84,14 +85,20 @@ def forward_completions(graphdef, params, tokens_bs: jax.Array, mask_bs: jax.Arr
 
 
 def forward_cached(graphdef, params, tokens_bt, positions_bt, kv_valid_bs, cache: Cache,
-                   cache_index):
+                   cache_index, rope_bt=None):
   """Forward T new tokens written into cache slots [cache_index, cache_index + T).
 
-  kv_valid_bs [B,S] marks valid key slots (including the T being written). Returns
+  kv_valid_bs [B,S] marks valid key slots (including the T being written). rope_bt: optional
+  precomputed `rope_tables(cfg, positions_bt)` (positions_bt is then unused). Returns
   (logits [B,T,V], updated cache).
   """
   model = nnx.merge(graphdef, params)
-  return model(tokens_bt, positions_bt, kv_valid_bs, cache, cache_index)
+  return model(tokens_bt, positions_bt, kv_valid_bs, cache, cache_index, rope_bt)
+
+
+def rope_tables(cfg: ModelConfig, positions_bt: jax.Array):
+  """(cos, sin) [B,T,1,D] of the rotary angles at positions_bt (llama.rope_tables)."""
+  return llama.rope_tables(positions_bt, llama.rope_inv_freq(cfg))
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int) -> Cache:

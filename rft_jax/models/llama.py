@@ -145,18 +145,22 @@ def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
   return jnp.where(is_medium, smoothed, scaled)
 
 
-def rope(x_btnd: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) -> jax.Array:
-  """Rotary embedding, HF layout: x*cos + rotate_half(x)*sin with freqs duplicated over halves.
-
-  inv_freq [D/2] from `rope_inv_freq`; angle_btj = position_bt * inv_freq_j, j < D/2.
-  """
-  d = x_btnd.shape[-1]
+def rope_tables(positions_bt: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(cos, sin) [B,T,1,D] float32 of angle_btj = position_bt * inv_freq_j, duplicated over the two
+  halves of D (HF layout). Computed once per forward pass and shared by every layer's q and k."""
   angle = positions_bt.astype(jnp.float32)[..., None] * inv_freq            # [B,T,D/2]
   angle = jnp.concatenate([angle, angle], axis=-1)[:, :, None, :]          # [B,T,1,D]
+  return jnp.cos(angle), jnp.sin(angle)
+
+
+def rope(x_btnd: jax.Array, rope_bt: tuple[jax.Array, jax.Array]) -> jax.Array:
+  """Rotary embedding, HF layout: x*cos + rotate_half(x)*sin, (cos, sin) from `rope_tables`."""
+  cos_bt1d, sin_bt1d = rope_bt
+  d = x_btnd.shape[-1]
   x = x_btnd.astype(jnp.float32)
   x1, x2 = x[..., : d // 2], x[..., d // 2:]
   rotated = jnp.concatenate([-x2, x1], axis=-1)
-  return (x * jnp.cos(angle) + rotated * jnp.sin(angle)).astype(x_btnd.dtype)
+  return (x * cos_bt1d + rotated * sin_bt1d).astype(x_btnd.dtype)
 
 
 class Attention(nnx.Module):
@@ -171,8 +175,8 @@ class Attention(nnx.Module):
     self.v_proj = _dense(rngs, e, k * d, ('embed', 'kv_heads'), bias=cfg.attention_bias, dtype=dt)
     self.o_proj = _dense(rngs, h * d, e, ('heads', 'embed'), dtype=dt)
 
-  def __call__(self, x_bte, positions_bt, kv_valid_bs, cache, cache_index):
-    """Returns (out [B,T,E], new layer cache or None).
+  def __call__(self, x_bte, rope_bt, kv_valid_bs, cache, cache_index):
+    """Returns (out [B,T,E], new layer cache or None). rope_bt: rope_tables of the positions.
 
     kv_valid_bs [B,S] marks key slots holding real tokens. Query t sits in slot q = cache_index + t
     and attends to slot s iff kv_valid[b,s] and s <= q (and q - W < s with a sliding window W,
@@ -181,10 +185,9 @@ class Attention(nnx.Module):
     cfg = self.cfg
     b, t, _ = x_bte.shape
     h, k, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    inv_freq = rope_inv_freq(cfg)
-    q = rope(self.q_proj(x_bte).reshape(b, t, h, d), positions_bt, inv_freq)
+    q = rope(self.q_proj(x_bte).reshape(b, t, h, d), rope_bt)
     # Keys and values as [B,K,T,D], the cache's layout (init_cache): heads before slots.
-    kk = rope(self.k_proj(x_bte).reshape(b, t, k, d), positions_bt, inv_freq).swapaxes(1, 2)
+    kk = rope(self.k_proj(x_bte).reshape(b, t, k, d), rope_bt).swapaxes(1, 2)
     v = self.v_proj(x_bte).reshape(b, t, k, d).swapaxes(1, 2)
     if cache is not None:
       kk = jax.lax.dynamic_update_slice_in_dim(cache['k'], kk.astype(cache['k'].dtype),
@@ -230,8 +233,8 @@ class DecoderLayer(nnx.Module):
     self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
     self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, x, positions_bt, kv_valid_bs, cache, cache_index):
-    a, cache = self.self_attn(self.input_layernorm(x), positions_bt, kv_valid_bs, cache,
+  def __call__(self, x, rope_bt, kv_valid_bs, cache, cache_index):
+    a, cache = self.self_attn(self.input_layernorm(x), rope_bt, kv_valid_bs, cache,
                               cache_index)
     x = x + a
     return x + self.mlp(self.post_attention_layernorm(x)), cache
@@ -253,15 +256,18 @@ class Transformer(nnx.Module):
                             dtype=cfg.compute_dtype)
 
   def __call__(self, tokens_bt, positions_bt, kv_valid_bs, cache: Cache | None = None,
-               cache_index=0):
+               cache_index=0, rope_bt=None):
     """-> (logits [B,T,V] float32, updated cache or None)."""
-    h_bte, new_cache = self.hidden(tokens_bt, positions_bt, kv_valid_bs, cache, cache_index)
+    h_bte, new_cache = self.hidden(tokens_bt, positions_bt, kv_valid_bs, cache, cache_index,
+                                   rope_bt)
     return self.logits(h_bte), new_cache
 
   def hidden(self, tokens_bt, positions_bt, kv_valid_bs, cache: Cache | None = None,
-             cache_index=0):
+             cache_index=0, rope_bt=None):
     """-> (final normed hidden states [B,T,E], updated cache or None): what the LM head and a
-    value head (rft_jax/algorithms/critic.py) read."""
+    value head (rft_jax/algorithms/critic.py) read. rope_bt: rope_tables(positions_bt, ...) when
+    the caller has them already (the sampler computes every decode step's before its loop: XLA
+    fuses cos and sin into each consumer, so inside the loop they were recomputed per layer)."""
     if jax.sharding.get_abstract_mesh().empty:
       x = self.embed_tokens(tokens_bt)
     else:   # FSDP: gather the table's E before the lookup (a lookup on E-sharded rows cannot
@@ -269,16 +275,18 @@ class Transformer(nnx.Module):
       table_ve = constrain(self.embed_tokens.embedding[...], ('vocab', None))
       x = jnp.take(table_ve, tokens_bt, axis=0).astype(self.cfg.compute_dtype)
     x = constrain(x, ('batch', None, None))
+    if rope_bt is None:
+      rope_bt = rope_tables(positions_bt, rope_inv_freq(self.cfg))
     if cache is None and self.cfg.scan_layers:
-      return self.norm(_scan_layers(self.layers, x, positions_bt, kv_valid_bs,
+      return self.norm(_scan_layers(self.layers, x, rope_bt, kv_valid_bs,
                                     self.cfg.remat)), None
     new_cache = [] if cache is not None else None
     remat = cache is None and self.cfg.remat != 'none'   # decoding keeps no activations anyway
     for i, layer in enumerate(self.layers):
       if remat:
-        x, c = _remat_layer(layer, x, positions_bt, kv_valid_bs, self.cfg.remat), None
+        x, c = _remat_layer(layer, x, rope_bt, kv_valid_bs, self.cfg.remat), None
       else:
-        x, c = layer(x, positions_bt, kv_valid_bs, None if cache is None else cache[i],
+        x, c = layer(x, rope_bt, kv_valid_bs, None if cache is None else cache[i],
                      cache_index)
       x = constrain(x, ('batch', None, None))
       if cache is not None:
@@ -301,14 +309,14 @@ REMAT_POLICIES = {
 }
 
 
-def _remat_layer(layer: DecoderLayer, x, positions_bt, kv_valid_bs, remat: str):
+def _remat_layer(layer: DecoderLayer, x, rope_bt, kv_valid_bs, remat: str):
   """layer(x) (no cache) under jax.checkpoint with the named policy (ModelConfig.remat)."""
-  def block(layer, x, positions_bt, kv_valid_bs):
-    return layer(x, positions_bt, kv_valid_bs, None, 0)[0]
-  return nnx.remat(block, policy=REMAT_POLICIES[remat])(layer, x, positions_bt, kv_valid_bs)
+  def block(layer, x, rope_bt, kv_valid_bs):
+    return layer(x, rope_bt, kv_valid_bs, None, 0)[0]
+  return nnx.remat(block, policy=REMAT_POLICIES[remat])(layer, x, rope_bt, kv_valid_bs)
 
 
-def _scan_layers(layers, x_bte, positions_bt, kv_valid_bs, remat: str):
+def _scan_layers(layers, x_bte, rope_bt, kv_valid_bs, remat: str):
   """x after every layer (no cache), as lax.scan over the layers' parameters stacked on a new
   leading axis [L, ...]; each layer under jax.checkpoint with the named policy unless 'none'.
   Same values as the unrolled loop (the layers share one graph definition)."""
@@ -316,7 +324,7 @@ def _scan_layers(layers, x_bte, positions_bt, kv_valid_bs, remat: str):
   stacked = jax.tree.map(lambda *ws: jnp.stack(ws), *[nnx.state(layer) for layer in layers])
 
   def apply(state, x):
-    y, _ = nnx.merge(graphdef, state)(x, positions_bt, kv_valid_bs, None, 0)
+    y, _ = nnx.merge(graphdef, state)(x, rope_bt, kv_valid_bs, None, 0)
     return constrain(y, ('batch', None, None))
   if remat != 'none':
     apply = jax.checkpoint(apply, policy=REMAT_POLICIES[remat])
