@@ -59,13 +59,13 @@ def forward_completions(graphdef, params, tokens_bs: jax.Array, mask_bs: jax.Arr
 
   Rows [g*K, (g+1)*K) (K = group_size) must share their first P = prompt_len slots, tokens and
   mask: the sampler's group layout (sampling/sampler.make_sampler). The G = B / K prompts [G, P]
-  run through the model writing a KV cache; its rows are repeated K times and the completions
-  [B, T] run after it at cache index P, each query seeing the prompt's real slots and its own
-  causal slots, as in the full pass. The prompt's last position (which predicts completion
-  token 0) goes through the LM head once per group. Same values as forward up to float
-  rounding; the prompt's projections and MLP cost G * P tokens instead of B * P. Gradients reach
-  the prompt's activations through the repeats (summed over the group). Layers run unrolled and
-  without remat (the cache path of Transformer.hidden).
+  run through the model writing a KV cache; the completions [B, T] then run with that cache as
+  their shared prefix (llama.Attention's prefix: never repeated over the group), each query
+  seeing the prompt's real slots and its own causal slots, as in the full pass. The prompt's
+  last position (which predicts completion token 0) goes through the LM head once per group.
+  Same values as forward up to float rounding; the prompt's projections and MLP cost G * P
+  tokens instead of B * P. Gradients reach the prompt's activations through the prefix
+  attention (summed over the group). Layers run unrolled and without remat.
   """
   model = nnx.merge(graphdef, params)
   b, s = tokens_bs.shape
@@ -77,23 +77,24 @@ def forward_completions(graphdef, params, tokens_bs: jax.Array, mask_bs: jax.Arr
   first_b1v = jnp.repeat(model.logits(h_gpe[:, -1:]), k, axis=0)
   if t == 1:
     return first_b1v
-  # Completion tokens 0 .. T-2 predict tokens 1 .. T-1; the cache holds S - 1 slots.
-  grow = lambda c: jnp.pad(jnp.repeat(c, k, axis=0), ((0, 0), (0, 0), (0, t - 1), (0, 0)))
+  # Completion tokens 0 .. T-2 predict tokens 1 .. T-1.
   h_bte, _ = model.hidden(tokens_bs[:, p:s - 1], positions_from_mask(mask_bs)[:, p:s - 1],
-                          mask_bs[:, :s - 1].astype(bool), jax.tree.map(grow, cache), p)
+                          mask_bs[:, p:s - 1].astype(bool),
+                          prefix=(cache, prompt_mask_gp.astype(bool)))
   return jnp.concatenate([first_b1v, model.logits(h_bte)], axis=1)
 
 
 def forward_cached(graphdef, params, tokens_bt, positions_bt, kv_valid_bs, cache: Cache,
-                   cache_index, rope_bt=None):
+                   cache_index, rope_bt=None, prefix=None):
   """Forward T new tokens written into cache slots [cache_index, cache_index + T).
 
   kv_valid_bs [B,S] marks valid key slots (including the T being written). rope_bt: optional
-  precomputed `rope_tables(cfg, positions_bt)` (positions_bt is then unused). Returns
-  (logits [B,T,V], updated cache).
+  precomputed `rope_tables(cfg, positions_bt)` (positions_bt is then unused). prefix: an
+  optional shared prompt cache (cache of [Z,K,P,D], valid_zp [Z,P]) before every row's own
+  slots (llama.Transformer.hidden). Returns (logits [B,T,V], updated cache).
   """
   model = nnx.merge(graphdef, params)
-  return model(tokens_bt, positions_bt, kv_valid_bs, cache, cache_index, rope_bt)
+  return model(tokens_bt, positions_bt, kv_valid_bs, cache, cache_index, rope_bt, prefix)
 
 
 def rope_tables(cfg: ModelConfig, positions_bt: jax.Array):

@@ -175,12 +175,18 @@ class Attention(nnx.Module):
     self.v_proj = _dense(rngs, e, k * d, ('embed', 'kv_heads'), bias=cfg.attention_bias, dtype=dt)
     self.o_proj = _dense(rngs, h * d, e, ('heads', 'embed'), dtype=dt)
 
-  def __call__(self, x_bte, rope_bt, kv_valid_bs, cache, cache_index):
+  def __call__(self, x_bte, rope_bt, kv_valid_bs, cache, cache_index, prefix=None):
     """Returns (out [B,T,E], new layer cache or None). rope_bt: rope_tables of the positions.
 
     kv_valid_bs [B,S] marks key slots holding real tokens. Query t sits in slot q = cache_index + t
     and attends to slot s iff kv_valid[b,s] and s <= q (and q - W < s with a sliding window W,
     counted in slots as transformers does, pads included).
+
+    prefix (optional): keys and values shared by groups of rows, (k_zkpd, v_zkpd, valid_zp) with
+    B = Z * G (rows [z*G, (z+1)*G) share prefix z: a group's prompt). Its P slots come before the
+    row's own slots (own slot s is slot P + s); every query sees the valid prefix slots (within
+    the window). Scores for the prefix are one [G*T, D] x [D, P] product per (z, head): the
+    prefix is never repeated over the group, in the forward pass, its gradient or the cache.
     """
     cfg = self.cfg
     b, t, _ = x_bte.shape
@@ -197,18 +203,33 @@ class Attention(nnx.Module):
       kk = constrain(kk, ('batch', 'kv_heads', None, None))
       v = constrain(v, ('batch', 'kv_heads', None, None))
       cache = {'k': kk, 'v': v}
-    s = kk.shape[2]
-    q = q.reshape(b, t, k, h // k, d)
+    s, g = kk.shape[2], h // k
+    neg = jnp.finfo(jnp.float32).min
+    q = q.reshape(b, t, k, g, d)
     scores = jnp.einsum('btkgd,bksd->bkgts', q, kk).astype(jnp.float32) / jnp.sqrt(d)
     slot_q, slot_k = cache_index + jnp.arange(t)[:, None], jnp.arange(s)[None, :]
     causal_ts = slot_k <= slot_q
     if cfg.sliding_window is not None:
       causal_ts &= slot_k > slot_q - cfg.sliding_window
     allowed = causal_ts[None] & kv_valid_bs[:, None, :]                       # [B,T,S]
-    scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum('bkgts,bksd->btkgd', probs, v).reshape(b, t, h * d)
-    return self.o_proj(out), cache
+    scores = jnp.where(allowed[:, None, None], scores, neg)
+    if prefix is None:
+      probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+      out = jnp.einsum('bkgts,bksd->btkgd', probs, v).reshape(b, t, h * d)
+      return self.o_proj(out), cache
+    pk, pv, pvalid_zp = prefix
+    z, p = pk.shape[0], pk.shape[2]
+    qz = q.reshape(z, b // z, t, k, g, d)
+    pscores = jnp.einsum('zitkgd,zkpd->zikgtp', qz, pk).astype(jnp.float32) / jnp.sqrt(d)
+    pallowed = pvalid_zp[:, None, None, None, None, :]                      # [Z,1,1,1,1,P]
+    if cfg.sliding_window is not None:   # prefix slot j vs query slot P + slot_q
+      pallowed = pallowed & (jnp.arange(p)[None, :] > p + slot_q - cfg.sliding_window)
+    pscores = jnp.where(pallowed, pscores, neg).reshape(b, k, g, t, p)
+    probs = jax.nn.softmax(jnp.concatenate([pscores, scores], axis=-1), axis=-1).astype(v.dtype)
+    pprobs = probs[..., :p].reshape(z, b // z, k, g, t, p)
+    out = (jnp.einsum('bkgts,bksd->btkgd', probs[..., p:], v)
+           + jnp.einsum('zikgtp,zkpd->zitkgd', pprobs, pv).reshape(b, t, k, g, d))
+    return self.o_proj(out.reshape(b, t, h * d)), cache
 
 
 class MLP(nnx.Module):
@@ -233,9 +254,9 @@ class DecoderLayer(nnx.Module):
     self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
     self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, x, rope_bt, kv_valid_bs, cache, cache_index):
+  def __call__(self, x, rope_bt, kv_valid_bs, cache, cache_index, prefix=None):
     a, cache = self.self_attn(self.input_layernorm(x), rope_bt, kv_valid_bs, cache,
-                              cache_index)
+                              cache_index, prefix)
     x = x + a
     return x + self.mlp(self.post_attention_layernorm(x)), cache
 
@@ -256,18 +277,20 @@ class Transformer(nnx.Module):
                             dtype=cfg.compute_dtype)
 
   def __call__(self, tokens_bt, positions_bt, kv_valid_bs, cache: Cache | None = None,
-               cache_index=0, rope_bt=None):
+               cache_index=0, rope_bt=None, prefix=None):
     """-> (logits [B,T,V] float32, updated cache or None)."""
     h_bte, new_cache = self.hidden(tokens_bt, positions_bt, kv_valid_bs, cache, cache_index,
-                                   rope_bt)
+                                   rope_bt, prefix)
     return self.logits(h_bte), new_cache
 
   def hidden(self, tokens_bt, positions_bt, kv_valid_bs, cache: Cache | None = None,
-             cache_index=0, rope_bt=None):
+             cache_index=0, rope_bt=None, prefix=None):
     """-> (final normed hidden states [B,T,E], updated cache or None): what the LM head and a
     value head (rft_jax/algorithms/critic.py) read. rope_bt: rope_tables(positions_bt, ...) when
     the caller has them already (the sampler computes every decode step's before its loop: XLA
-    fuses cos and sin into each consumer, so inside the loop they were recomputed per layer)."""
+    fuses cos and sin into each consumer, so inside the loop they were recomputed per layer).
+    prefix: (per-layer cache [{'k','v'} of [Z,K,P,D]], valid_zp [Z,P]) of a prompt shared by
+    groups of B / Z rows (Attention); kv_valid_bs then covers the rows' own slots only."""
     if jax.sharding.get_abstract_mesh().empty:
       x = self.embed_tokens(tokens_bt)
     else:   # FSDP: gather the table's E before the lookup (a lookup on E-sharded rows cannot
@@ -277,17 +300,20 @@ class Transformer(nnx.Module):
     x = constrain(x, ('batch', None, None))
     if rope_bt is None:
       rope_bt = rope_tables(positions_bt, rope_inv_freq(self.cfg))
-    if cache is None and self.cfg.scan_layers:
+    if cache is None and self.cfg.scan_layers and prefix is None:
       return self.norm(_scan_layers(self.layers, x, rope_bt, kv_valid_bs,
                                     self.cfg.remat)), None
     new_cache = [] if cache is not None else None
-    remat = cache is None and self.cfg.remat != 'none'   # decoding keeps no activations anyway
+    remat = cache is None and prefix is None and self.cfg.remat != 'none'   # (decoding: no
+    # activations kept anyway; shared-prompt scoring runs unrolled without remat)
     for i, layer in enumerate(self.layers):
       if remat:
         x, c = _remat_layer(layer, x, rope_bt, kv_valid_bs, self.cfg.remat), None
       else:
+        layer_prefix = None if prefix is None else (
+            prefix[0][i]['k'], prefix[0][i]['v'], prefix[1])
         x, c = layer(x, rope_bt, kv_valid_bs, None if cache is None else cache[i],
-                     cache_index)
+                     cache_index, layer_prefix)
       x = constrain(x, ('batch', None, None))
       if cache is not None:
         new_cache.append(c)

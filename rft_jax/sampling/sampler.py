@@ -1,8 +1,10 @@
 """Jitted autoregressive sampling: one prefill, then a `lax.while_loop` decode over a KV cache.
 
-Prompts arrive left-padded ([B,P] tokens and mask), so every row's next token goes into the same
-cache slot P + i; each row keeps its own position ids (prompt_len_b + i). The loop stops early once
-every row has emitted EOS. Shapes: B rows, P prompt slots, T = max_new_tokens, V vocab.
+Prompts arrive left-padded ([B,P] tokens and mask). Each prompt's KV cache is computed once and
+attended as a prefix shared by its group's rows; every row's i-th new token goes into slot i of
+the row's own cache (after the prompt's P slots), with its own position id prompt_len_b + i.
+The loop stops early once every row has emitted EOS. Shapes: B rows, P prompt slots,
+T = max_new_tokens, V vocab.
 """
 import dataclasses
 
@@ -102,36 +104,38 @@ def choose(logits_bv: jax.Array, rng: jax.Array, cfg: SamplingConfig):
 
 def prefill(graphdef, params, prompt_tokens_bp, prompt_mask_bp, *, model_cfg: ModelConfig,
             max_new_tokens: int, group_size: int = 1):
-  """The prompt pass -> (last-position logits [B*G, V], KV cache with B*G rows and P + T slots).
+  """The prompt pass -> (last-position logits [B*G, V], prefix, own cache).
 
-  Each prompt runs through the model once; its logits and cache rows are then repeated for the
-  G rows of its group (rows [g*G, (g+1)*G) belong to prompt g), so the prefill costs B, not
-  B*G, prompt passes.
+  Each prompt runs through the model once: prefix = (its KV cache [B,K,P,D] per layer, prompt
+  mask [B,P] as bool), shared by the G rows of its group (rows [g*G, (g+1)*G) belong to prompt
+  g; llama.Attention's prefix, never repeated); only the logits are repeated. The own cache
+  holds each of the B*G rows' T = max_new_tokens slots, zeroed.
   """
-  b, p = prompt_tokens_bp.shape
-  kv_valid_bs = jnp.concatenate(
-      [prompt_mask_bp.astype(bool), jnp.ones((b, max_new_tokens), bool)], 1)
-  cache = lm.init_cache(model_cfg, b, p + max_new_tokens)
+  b, _ = prompt_tokens_bp.shape
+  prompt_valid_bp = prompt_mask_bp.astype(bool)
+  cache = lm.init_cache(model_cfg, b, prompt_tokens_bp.shape[1])
   logits, cache = lm.forward_cached(graphdef, params, prompt_tokens_bp,
-                                    lm.positions_from_mask(prompt_mask_bp), kv_valid_bs, cache, 0)
-  repeat = lambda x: jnp.repeat(x, group_size, axis=0) if group_size > 1 else x
-  return repeat(logits[:, -1]), jax.tree.map(repeat, cache)
+                                    lm.positions_from_mask(prompt_mask_bp), prompt_valid_bp,
+                                    cache, 0)
+  last_bv = jnp.repeat(logits[:, -1], group_size, axis=0) if group_size > 1 else logits[:, -1]
+  return last_bv, (cache, prompt_valid_bp), lm.init_cache(model_cfg, b * group_size,
+                                                          max_new_tokens)
 
 
 def sample(graphdef, params, prompt_tokens_bp, prompt_mask_bp, rng, *, model_cfg: ModelConfig,
            cfg: SamplingConfig, group_size: int = 1) -> Rollout:
   """Samples T = cfg.max_new_tokens tokens after each left-padded prompt, group_size times per
   prompt (B*G rows out, see prefill). Pure; jit it."""
-  last_logits_bv, cache = prefill(graphdef, params, prompt_tokens_bp, prompt_mask_bp,
-                                  model_cfg=model_cfg, max_new_tokens=cfg.max_new_tokens,
-                                  group_size=group_size)
+  last_logits_bv, prefix, cache = prefill(graphdef, params, prompt_tokens_bp, prompt_mask_bp,
+                                          model_cfg=model_cfg, max_new_tokens=cfg.max_new_tokens,
+                                          group_size=group_size)
   if group_size > 1:
     prompt_tokens_bp = jnp.repeat(prompt_tokens_bp, group_size, axis=0)
     prompt_mask_bp = jnp.repeat(prompt_mask_bp, group_size, axis=0)
-  b, p = prompt_tokens_bp.shape
+  b, _ = prompt_tokens_bp.shape
   t_max = cfg.max_new_tokens
   prompt_len_b = prompt_mask_bp.sum(-1).astype(jnp.int32)
-  kv_valid_bs = jnp.concatenate([prompt_mask_bp.astype(bool), jnp.ones((b, t_max), bool)], 1)
+  own_valid_bt = jnp.ones((b, t_max), bool)   # causality hides the slots not yet written
   # Rotary tables of every decode step's positions prompt_len_b + i, computed once: [B,T,1,D].
   cos_bt1d, sin_bt1d = lm.rope_tables(model_cfg, prompt_len_b[:, None] + jnp.arange(t_max))
 
@@ -150,8 +154,8 @@ def sample(graphdef, params, prompt_tokens_bp, prompt_mask_bp, rng, *, model_cfg
     done_b = done_b | (token_b == cfg.eos_id)
     rope_b1 = tuple(jax.lax.dynamic_slice_in_dim(x, i, 1, axis=1) for x in (cos_bt1d, sin_bt1d))
     logits_b1v, cache = lm.forward_cached(graphdef, params, token_b[:, None],
-                                          (prompt_len_b + i)[:, None], kv_valid_bs, cache, p + i,
-                                          rope_b1)
+                                          (prompt_len_b + i)[:, None], own_valid_bt, cache, i,
+                                          rope_b1, prefix)
     return i + 1, logits_b1v[:, 0], cache, done_b, tokens_bt, logp_bt, rng
 
   init = (jnp.int32(0), last_logits_bv, cache, jnp.zeros((b,), bool),
