@@ -24,9 +24,14 @@ import math
 from typing import Any
 
 import numpy as np
-from scipy import special
 
 from rft_jax.scaling import common
+
+
+def _expit(z):
+  """1 / (1 + exp(-z)) as 0.5 * (1 + tanh(z / 2)): the same function, overflow-free, without
+  importing scipy.special (0.15 s of every run's start-up for this one function)."""
+  return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(z)))
 
 PARAMS = ('A', 'B', 'C_mid')
 _B_BOUNDS = (1e-2, 50.0)
@@ -37,17 +42,17 @@ def sigmoid_curve(compute: Any, A: float, B: float, C_mid: float, R0: float) -> 
   c = np.asarray(compute, dtype=float)
   with np.errstate(divide='ignore'):
     x = np.log(c)
-  return R0 + (A - R0) * special.expit(B * (x - math.log(C_mid)))
+  return R0 + (A - R0) * _expit(B * (x - math.log(C_mid)))
 
 
 def _residual_fn(x, y, r0):
   def fun(theta):
     a, b, m = theta
-    return r0 + (a - r0) * special.expit(b * (x - m)) - y
+    return r0 + (a - r0) * _expit(b * (x - m)) - y
 
   def jac(theta):
     a, b, m = theta
-    s = special.expit(b * (x - m))
+    s = _expit(b * (x - m))
     ds = s * (1 - s)
     return np.stack([s, (a - r0) * ds * (x - m), -(a - r0) * ds * b], axis=1)
   return fun, jac
@@ -82,7 +87,7 @@ def _batch_refit(x, ys, r0s, theta0, bounds, iters: int = 100, tol: float = 1e-1
 
   def resid_jac(t):
     a, b, m = (t[:, k:k + 1] for k in range(3))
-    s = special.expit(b * (x[None] - m))
+    s = _expit(b * (x[None] - m))
     ds = s * (1 - s)
     r = r0 + (a - r0) * s - ys
     return r, np.stack([s, (a - r0) * ds * (x[None] - m), -(a - r0) * ds * b], axis=2)
@@ -115,7 +120,7 @@ def _grid_starts(x, y, r0, upper, top: int = 3):
   cands = []
   for b in (0.25, 0.5, 1.0, 2.0, 4.0, 8.0):
     for m in np.linspace(x[0] - span, x[-1] + 2 * span, 16):
-      s = special.expit(b * (x - m))
+      s = _expit(b * (x - m))
       a = r0 + float(s @ (y - r0)) / max(float(s @ s), 1e-12)
       if upper is not None:
         a = min(a, upper)
@@ -270,7 +275,7 @@ def fit_sigmoid(compute: Any, reward: Any, exclude_first: float = 0.1, *,
   common.require_varying(rf, 'reward')
   x = np.log(cf)
   (a, b, m), sse = _fit_point(x, rf, r0, upper)
-  fitted = r0 + (a - r0) * special.expit(b * (x - m))
+  fitted = r0 + (a - r0) * _expit(b * (x - m))
   resid = rf - fitted
   rng = np.random.default_rng(seed)
   ys, block = common.bootstrap_targets(rng, fitted, resid, 3, n_boot, block)
