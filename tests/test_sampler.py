@@ -142,6 +142,24 @@ def test_logp_with_top_k_top_p_is_the_filtered_distribution(model, prompts):
       assert abs(logp[b, j] - want) < 1e-4
 
 
+def test_grouped_windowed_logp_matches_forward(prompts):
+  """Groups of 3 rows decode after their prompt's shared cache (the attention prefix) with a
+  Mistral sliding window shorter than prompt + completion: log-probs = the uncached pass's."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  cfg = dataclasses.replace(CFG, sliding_window=5)
+  graphdef, state = create(cfg, seed=0)
+  params = with_eos_bias(randomize(nnx.to_pure_dict(state), seed=2), 1.0)
+  scfg = SamplingConfig(max_new_tokens=T, eos_id=EOS, pad_id=PAD, temperature=1.0)
+  out = make_sampler(graphdef, cfg, scfg, group_size=3)(params, prompts[0][:5], prompts[1][:5],
+                                                         jax.random.key(4))
+  check_eos_layout(out)
+  fwd = jax.jit(lambda w, tok, m: forward(graphdef, w, tok, m))
+  want = gather(np_log_softmax(full_logp(fwd, params, out)), out.tokens_bt)
+  m = np.asarray(out.mask_bt) == 1
+  np.testing.assert_allclose(np.asarray(out.logp_bt)[m], want[m], atol=1e-4)
+  assert len({tuple(r) for r in np.asarray(out.tokens_bt)[:3]}) > 1   # the group's draws differ
+
+
 def test_greedy_is_stepwise_argmax(model, prompts):
   graphdef, base, fwd = model
   params = with_eos_bias(base, 1.0)
