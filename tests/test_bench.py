@@ -64,3 +64,43 @@ def test_bench_time_to_first_step_and_trl_comparison(tmp_path):
   if '--compare' in args:
     check_phases(result['trl']['phases'], ('step_s', 'sample_s', 'ref_s', 'policy_s'))
     assert set(result['ratio']) >= {'step_s', 'sample_s', 'ref_s', 'policy_s'}
+
+
+def test_gpu_preset_is_qwen2_0p5b_shaped():
+  """The accelerator preset's model has Qwen2.5-0.5B's parameter count, by rft_jax's count and
+  by transformers' Qwen2 built from the config rft_jax exports (on the meta device: no memory)."""
+  from rft_jax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
+  from rft_jax.models.llama import ModelConfig  # pylint: disable=g-import-not-at-top
+  cfg = ModelConfig.from_dict(bench_workload.GPU_0P5B.model_dict())
+  assert cfg.num_params() == 494_032_768
+  assert (cfg.num_key_value_heads, cfg.head_dim, cfg.dtype) == (2, 64, 'bfloat16')
+  torch = pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  hf = transformers.AutoConfig.for_model(**hf_checkpoint.hf_config_dict(cfg, 'qwen2',
+                                                                        'bfloat16'))
+  with torch.device('meta'):
+    model = transformers.AutoModelForCausalLM.from_config(hf)
+  assert sum(p.numel() for p in model.parameters()) == cfg.num_params()
+
+
+@pytest.mark.slow
+def test_bench_runs_the_gpu_preset_scaled_down(tmp_path):
+  """--preset gpu_0p5b's code path (GQA, q/k/v biases, tied embeddings, bf16) with
+  --workload-json shrinking it to CPU size; a bad override is a one-line error."""
+  small = {'vocab_size': 96, 'hidden_size': 56, 'intermediate_size': 64, 'num_hidden_layers': 1,
+           'prompts_per_step': 2, 'group_size': 4, 'prompt_len_min': 4, 'prompt_len_max': 7,
+           'max_new_tokens': 5}
+  result = bench.main(['--preset', 'gpu_0p5b', '--workload-json', json.dumps(small),
+                       '--steps', '1', '--warmup', '1', '--skip-first-step',
+                       '--out', str(tmp_path)])
+  w = result['workload']
+  assert (w['num_key_value_heads'], w['attention_bias'], w['tie_word_embeddings'],
+          w['dtype'], w['hidden_size']) == (2, True, True, 'bfloat16', 56)
+  assert result['preset'] == 'gpu_0p5b' and result['peak_flops_s'] is None   # CPU: no MFU
+  # (decode = generate - prefill timed alone: at 5 new tokens within noise, so not checked here)
+  assert 0 < result['rft_jax']['derived']['gen_tokens'] <= 2 * 4 * 5
+  table = (tmp_path / 'grpo_gpu_0p5b.md').read_text()
+  assert 'matmul rate (jit bfloat16 2048x2048)' in table and 'bfloat16' in result['workload_text']
+  with pytest.raises(SystemExit, match="--workload-json.*unexpected keyword argument 'hiden_size'"):
+    bench.main(['--preset', 'gpu_0p5b', '--workload-json', '{"hiden_size": 8}',
+                '--out', str(tmp_path)])

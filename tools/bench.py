@@ -1,6 +1,7 @@
 """Benchmarks: the GRPO workload of issue 11 phase by phase, optionally beside TRL; or a recipe.
 
   python -m tools.bench [--steps 20] [--warmup 2] [--compare trl] [--out experiments/bench]
+  python -m tools.bench --preset gpu_0p5b --skip-first-step    (on a GPU or TPU)
   python -m tools.bench --recipe configs/grpo_arith.py [--repeats 10]
 
 The default run (tools/bench_workload.py: a 4.72M-parameter Llama-shaped model, 16 prompts x 8
@@ -12,7 +13,10 @@ FLOP/s of the policy update against a matmul rate measured here; peak host memor
 and time to first step in fresh processes with a cold, then a warm, persistent compilation cache.
 `--compare trl` runs TRL's GRPOTrainer (tools/bench_trl.py; `pip install '.[compare]'`) on the
 identical model, exported to HF format, and workload, one step of each in turn, and adds its
-phases and the ratio TRL / rft_jax. Results: <out>/grpo_<workload>.json and .md.
+phases and the ratio TRL / rft_jax. `--preset gpu_0p5b` is the issue's accelerator workload (a
+Qwen2.5-0.5B-shaped model in bf16): the update's MFU against the device's nominal peak where
+tools/bench_report.py knows it, decode tokens/s and peak device memory. Results:
+<out>/grpo_<preset>.json and .md.
 `--recipe` runs the older per-recipe bench (tools/bench_recipe.py: sampler and train-step
 tokens/s, XLA FLOP/s, the failure monitor's cost).
 """
@@ -91,6 +95,19 @@ class TrlProcess:
     return done
 
 
+def workload(args):
+  """The preset named by --preset (--tiny: 'tiny'), with --full-prompt-pass and any
+  --workload-json fields (e.g. fewer layers, to try an accelerator preset on a CPU)."""
+  from tools import bench_workload as wl  # pylint: disable=g-import-not-at-top
+  w = wl.PRESETS[args.preset]
+  if args.full_prompt_pass:
+    w = dataclasses.replace(w, shared_prompt=False)
+  try:
+    return dataclasses.replace(w, **json.loads(args.workload_json))
+  except (TypeError, ValueError) as e:
+    raise SystemExit(f'--workload-json {args.workload_json!r}: {e}') from None
+
+
 def run_workload(args) -> dict:
   # pylint: disable=g-import-not-at-top  (JAX only for the workload mode)
   import jax
@@ -98,18 +115,21 @@ def run_workload(args) -> dict:
   from rft_jax.models import functional as lm
   from rft_jax.models.llama import ModelConfig
   from tools import bench_grpo, bench_report, bench_workload as wl
-  w = wl.TINY if args.tiny else wl.ISSUE
-  if args.full_prompt_pass:
-    w = dataclasses.replace(w, shared_prompt=False)
-  matmul_n = 256 if args.tiny else 2048
+  w = workload(args)
+  # The matmul the update is compared with: in the workload's compute dtype, large enough to
+  # reach the device's rate (8192 on an accelerator).
+  matmul_n = (256 if args.preset == 'tiny' else 2048 if jax.default_backend() == 'cpu'
+              else 8192)
   result = {'workload': dataclasses.asdict(w), 'machine': bench_report.machine(),
-            'warmup': args.warmup, 'matmul_n': matmul_n,
-            'workload_text': (f"{'tiny' if args.tiny else 'issue 11'}: "
+            'warmup': args.warmup, 'matmul_n': matmul_n, 'preset': args.preset,
+            'workload_text': (f"{args.preset.replace('issue11', 'issue 11')}: "
                               f"{ModelConfig.from_dict(w.model_dict()).num_params():,} params, "
                               f"{w.prompts_per_step} prompts x {w.group_size}, prompts "
                               f"{w.prompt_len_min}-{w.prompt_len_max} tokens, {w.max_new_tokens} "
-                              f"new tokens, beta {w.kl_coef}, 1 update per batch, fp32")}
-  result['matmul_flops_s'] = bench_report.matmul_rate(matmul_n)
+                              f"new tokens, beta {w.kl_coef}, 1 update per batch, "
+                              f"{'fp32' if w.dtype == 'float32' else w.dtype}")}
+  result['matmul_flops_s'] = bench_report.matmul_rate(matmul_n, dtype=w.dtype)
+  result['peak_flops_s'] = bench_report.peak_flops(w.dtype)   # None where not known
   assets = tempfile.mkdtemp(prefix='rft_bench_assets_')
   try:
     model_cfg = ModelConfig.from_dict(w.model_dict())
@@ -157,7 +177,11 @@ def run_workload(args) -> dict:
                     'update_computed_flops_s': f['policy_update_computed'] / med('policy_s'),
                     'update_computed_mfu': (f['policy_update_computed'] / med('policy_s')
                                             / result['matmul_flops_s']),
-                    'train_xla_flops_s': xla / med('train_s')}}
+                    'train_xla_flops_s': xla / med('train_s')},
+        'peak_device_bytes': bench_report.peak_device_bytes()}
+    if result['peak_flops_s']:   # MFU: model FLOP/s over the device's nominal peak
+      result['rft_jax']['derived']['update_mfu_peak'] = (
+          f['policy_update'] / med('policy_s') / result['peak_flops_s'])
     if trl is not None:
       result['trl'].update(trl.finish())
       result['trl']['phases'] = bench_report.summarise(trl_steps)
@@ -175,7 +199,12 @@ def main(argv=None):
   ap.add_argument('--warmup', type=int, default=2)
   ap.add_argument('--compare', choices=['trl'], default=None)
   ap.add_argument('--out', default='experiments/bench')
-  ap.add_argument('--tiny', action='store_true', help='a seconds-long workload (tests)')
+  ap.add_argument('--preset', default='issue11', choices=['issue11', 'tiny', 'gpu_0p5b'],
+                  help='the workload (tools/bench_workload.py PRESETS): issue11 (the CPU '
+                       'comparison), tiny (seconds; tests), gpu_0p5b (a 0.5B model in bf16)')
+  ap.add_argument('--tiny', action='store_true', help='same as --preset tiny')
+  ap.add_argument('--workload-json', default='{}',
+                  help='Workload fields overriding the preset, as JSON')
   ap.add_argument('--skip-first-step', action='store_true',
                   help='skip the time-to-first-step subprocesses')
   ap.add_argument('--full-prompt-pass', action='store_true',
@@ -183,6 +212,8 @@ def main(argv=None):
   ap.add_argument('--recipe', default=None, help='bench this recipe instead (bench_recipe.py)')
   ap.add_argument('--repeats', type=int, default=10, help='--recipe: timed calls')
   args = ap.parse_args(argv)
+  if args.tiny:
+    args.preset = 'tiny'
   if args.recipe:
     from tools import bench_recipe  # pylint: disable=g-import-not-at-top
     bench_recipe.run(args.recipe, args.repeats)
@@ -190,7 +221,7 @@ def main(argv=None):
   os.makedirs(args.out, exist_ok=True)
   result = run_workload(args)
   from tools import bench_report  # pylint: disable=g-import-not-at-top
-  paths = bench_report.write(result, args.out, 'grpo_tiny' if args.tiny else 'grpo_issue11')
+  paths = bench_report.write(result, args.out, f'grpo_{args.preset}')
   print(bench_report.markdown(result))
   print('wrote ' + ', '.join(paths))
   return result

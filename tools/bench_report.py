@@ -35,10 +35,10 @@ def machine() -> dict:
           'xla_flags': os.environ.get('XLA_FLAGS', '')}
 
 
-def matmul_rate(n: int = 2048, repeats: int = 10) -> float:
-  """Best-of-`repeats` FLOP/s of an [n, n] @ [n, n] float32 matmul under jax.jit."""
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+def matmul_rate(n: int = 2048, repeats: int = 10, dtype: str = 'float32') -> float:
+  """Best-of-`repeats` FLOP/s of an [n, n] @ [n, n] matmul in `dtype` under jax.jit."""
+  a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+  b = jax.random.normal(jax.random.key(1), (n, n), dtype)
   mm = jax.jit(jnp.dot)
   mm(a, b).block_until_ready()
   best = float('inf')
@@ -47,6 +47,32 @@ def matmul_rate(n: int = 2048, repeats: int = 10) -> float:
     mm(a, b).block_until_ready()
     best = min(best, time.perf_counter() - t)
   return 2 * n ** 3 / best
+
+
+# Nominal dense (no sparsity) peak FLOP/s per device, from the vendors' data sheets, for MFU.
+# Devices not listed get no MFU row (only the ratio to the measured matmul rate).
+PEAK_FLOPS = {
+    ('NVIDIA H200', 'bfloat16'): 989e12,
+    ('NVIDIA H100 80GB HBM3', 'bfloat16'): 989e12,
+    ('NVIDIA A100-SXM4-80GB', 'bfloat16'): 312e12,
+    ('NVIDIA A100-SXM4-40GB', 'bfloat16'): 312e12,
+}
+
+
+def peak_flops(dtype: str) -> float | None:
+  """PEAK_FLOPS of this process's devices in dtype, summed over the local devices; or None."""
+  devices = jax.local_devices()
+  peak = PEAK_FLOPS.get((devices[0].device_kind, dtype))
+  return peak * len(devices) if peak else None
+
+
+def peak_device_bytes() -> int | None:
+  """Peak bytes in use on device 0 since start (allocator statistics; None on CPU)."""
+  try:
+    stats_ = jax.local_devices()[0].memory_stats()
+  except Exception:  # pylint: disable=broad-except  (backends without allocator statistics)
+    return None
+  return int(stats_['peak_bytes_in_use']) if stats_ and 'peak_bytes_in_use' in stats_ else None
 
 
 def stats(values) -> dict:
@@ -100,9 +126,13 @@ def markdown(result: dict) -> str:
       f"| decode tokens/s ({d['gen_tokens']:.0f} tokens per step) | {d['decode_tok_s']:,.0f} |",
       f"| policy update model FLOP/s (6N/token + attention, real tokens) | "
       f"{d['update_flops_s'] / 1e9:.1f} GFLOP/s |",
-      f"| matmul rate (jit fp32 {result['matmul_n']}x{result['matmul_n']}) | "
-      f"{result['matmul_flops_s'] / 1e9:.1f} GFLOP/s |",
-      f"| update FLOP/s / matmul rate | {d['update_mfu']:.0%} |",
+      f"| matmul rate (jit {result['workload'].get('dtype', 'float32')} {result['matmul_n']}x"
+      f"{result['matmul_n']}) | {result['matmul_flops_s'] / 1e9:.1f} GFLOP/s |",
+      f"| update FLOP/s / matmul rate | {d['update_mfu']:.0%} |"]
+  if 'update_mfu_peak' in d:
+    lines.append(f"| update MFU (model FLOP/s / the device's nominal peak, "
+                 f"{result['peak_flops_s'] / 1e12:.0f} TFLOP/s) | {d['update_mfu_peak']:.1%} |")
+  lines += [
       f"| policy update FLOP/s of the work done (each prompt once per group when shared) | "
       f"{d.get('update_computed_flops_s', float('nan')) / 1e9:.1f} GFLOP/s = "
       f"{d.get('update_computed_mfu', float('nan')):.0%} of the matmul rate |",
@@ -116,6 +146,8 @@ def markdown(result: dict) -> str:
                    f"{f['first_step_s']:.1f}; compile {f['compile_s']:.1f} s, "
                    f"{f['xla_compiles']} programs, {f['cache_hits']} cache hits) |")
   lines.append(f"| peak host memory, rft_jax process | {rft['peak_rss_mib']:.0f} MiB |")
+  if rft.get('peak_device_bytes'):
+    lines.append(f"| peak device memory, rft_jax | {rft['peak_device_bytes'] / 2**30:.1f} GiB |")
   if trl and 'peak_rss_mib' in trl:
     lines.append(f"| peak host memory, TRL process | {trl['peak_rss_mib']:.0f} MiB |")
   return '\n'.join(lines) + '\n'

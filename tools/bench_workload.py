@@ -38,6 +38,10 @@ class Workload:
   lr: float = 1e-5
   seed: int = 0
   shared_prompt: bool = True   # rft_jax scores each group's prompt once (False: once per row)
+  num_key_value_heads: int = 0   # 0: as many as num_attention_heads (no GQA)
+  tie_word_embeddings: bool = False
+  attention_bias: bool = False   # q/k/v biases (Qwen2)
+  dtype: str = 'float32'         # compute dtype; parameters and optimizer state stay float32
 
   @property
   def rows(self) -> int:
@@ -49,10 +53,12 @@ class Workload:
                 intermediate_size=self.intermediate_size,
                 num_hidden_layers=self.num_hidden_layers,
                 num_attention_heads=self.num_attention_heads,
-                num_key_value_heads=self.num_attention_heads,
+                num_key_value_heads=self.num_key_value_heads or self.num_attention_heads,
                 head_dim=self.hidden_size // self.num_attention_heads, rope_theta=10000.0,
-                rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False,
-                max_position_embeddings=128, dtype='float32')
+                rms_norm_eps=1e-6, tie_word_embeddings=self.tie_word_embeddings,
+                attention_bias=self.attention_bias,
+                max_position_embeddings=max(128, self.prompt_len_max + self.max_new_tokens),
+                dtype=self.dtype)
 
 
 ISSUE = Workload()
@@ -60,6 +66,15 @@ ISSUE = Workload()
 TINY = Workload(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=2, prompts_per_step=2, group_size=4, prompt_len_min=4,
                 prompt_len_max=7, max_new_tokens=6)
+# The issue's accelerator measurement (MFU of the update, decode tokens/s): a Qwen2.5-0.5B-shaped
+# model (494,032,768 parameters: 24 layers, hidden 896, 14 query / 2 key-value heads, q/k/v
+# biases, tied embeddings, vocab 151,936), bf16 compute, random init; 16 prompts x 8 completions,
+# 128 new tokens. On 2 CPU cores one step would take tens of minutes: meant for a GPU or TPU.
+GPU_0P5B = Workload(vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                    num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                    tie_word_embeddings=True, attention_bias=True, dtype='bfloat16',
+                    max_new_tokens=128)
+PRESETS = {'issue11': ISSUE, 'tiny': TINY, 'gpu_0p5b': GPU_0P5B}
 
 
 @register_verifier('first_even')
