@@ -116,6 +116,9 @@ def run_workload(args) -> dict:
   from rft_jax.models.llama import ModelConfig
   from tools import bench_grpo, bench_report, bench_workload as wl
   w = workload(args)
+  if args.preset == 'gpu_0p5b' and jax.default_backend() == 'cpu' and w.num_hidden_layers > 2:
+    print('note: --preset gpu_0p5b is sized for a GPU or TPU; on CPU one step takes many '
+          'minutes (shrink it with --workload-json to try the code path)', flush=True)
   # The matmul the update is compared with: in the workload's compute dtype, large enough to
   # reach the device's rate (8192 on an accelerator).
   matmul_n = (256 if args.preset == 'tiny' else 2048 if jax.default_backend() == 'cpu'
