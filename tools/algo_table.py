@@ -132,6 +132,19 @@ def markdown(rows: list, meta: dict) -> str:
   return '\n'.join(lines)
 
 
+def code_commit() -> str:
+  """HEAD's short hash, with ' (+ uncommitted changes)' only when tracked files differ from it;
+  '?' outside a git checkout."""
+  try:
+    head = subprocess.check_output(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT,
+                                   text=True).strip()
+    dirty = subprocess.check_output(['git', 'status', '--porcelain', '--untracked-files=no'],
+                                    cwd=ROOT, text=True).strip()
+  except (OSError, subprocess.CalledProcessError):
+    return '?'
+  return head + (' (+ uncommitted changes)' if dirty else '')
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument('--out', required=True, help='parent of the per-recipe workdirs')
@@ -142,6 +155,7 @@ def main(argv=None) -> int:
   args = ap.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
   os.makedirs(args.results, exist_ok=True)
+  commit = code_commit()   # before the runs: the results files they write are not code
   rows, notes = [], []
   for name in [n.strip() for n in args.recipes.split(',') if n.strip()]:
     if name not in RECIPES:
@@ -154,11 +168,6 @@ def main(argv=None) -> int:
     rows.append(run_recipe(name, args.out, args.steps or None))
     print(f"  {name}: {json.dumps({k: v for k, v in rows[-1].items() if k != 'command'})}",
           flush=True)
-  try:
-    commit = subprocess.check_output(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT,
-                                     text=True).strip() + ' (+ uncommitted changes)'
-  except (OSError, subprocess.CalledProcessError):
-    commit = '?'
   meta = {'hardware': hardware(), 'date': datetime.date.today().isoformat(), 'commit': commit,
           'steps': args.steps or "each recipe's own",
           'command': 'python -m tools.algo_table ' + ' '.join(argv or sys.argv[1:]),
