@@ -116,7 +116,7 @@ def run_workload(args) -> dict:
   from rft_jax.models.llama import ModelConfig
   from tools import bench_grpo, bench_report, bench_workload as wl
   w = workload(args)
-  if args.preset == 'gpu_0p5b' and jax.default_backend() == 'cpu' and w.num_hidden_layers > 2:
+  if args.preset == 'gpu_0p5b' and jax.default_backend() == 'cpu' and w == wl.GPU_0P5B:
     print('note: --preset gpu_0p5b is sized for a GPU or TPU; on CPU one step takes many '
           'minutes (shrink it with --workload-json to try the code path)', flush=True)
   # The matmul the update is compared with: in the workload's compute dtype, large enough to
@@ -202,7 +202,8 @@ def main(argv=None):
   ap.add_argument('--warmup', type=int, default=2)
   ap.add_argument('--compare', choices=['trl'], default=None)
   ap.add_argument('--out', default='experiments/bench')
-  ap.add_argument('--preset', default='issue11', choices=['issue11', 'tiny', 'gpu_0p5b'],
+  from tools import bench_workload  # pylint: disable=g-import-not-at-top
+  ap.add_argument('--preset', default='issue11', choices=list(bench_workload.PRESETS),
                   help='the workload (tools/bench_workload.py PRESETS): issue11 (the CPU '
                        'comparison), tiny (seconds; tests), gpu_0p5b (a 0.5B model in bf16)')
   ap.add_argument('--tiny', action='store_true', help='same as --preset tiny')

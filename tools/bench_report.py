@@ -68,11 +68,8 @@ def peak_flops(dtype: str) -> float | None:
 
 def peak_device_bytes() -> int | None:
   """Peak bytes in use on device 0 since start (allocator statistics; None on CPU)."""
-  try:
-    stats_ = jax.local_devices()[0].memory_stats()
-  except Exception:  # pylint: disable=broad-except  (backends without allocator statistics)
-    return None
-  return int(stats_['peak_bytes_in_use']) if stats_ and 'peak_bytes_in_use' in stats_ else None
+  peak = (jax.local_devices()[0].memory_stats() or {}).get('peak_bytes_in_use')
+  return None if peak is None else int(peak)
 
 
 def stats(values) -> dict:
