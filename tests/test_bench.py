@@ -97,8 +97,8 @@ def test_bench_runs_the_gpu_preset_scaled_down(tmp_path):
   assert (w['num_key_value_heads'], w['attention_bias'], w['tie_word_embeddings'],
           w['dtype'], w['hidden_size']) == (2, True, True, 'bfloat16', 56)
   assert result['preset'] == 'gpu_0p5b' and result['peak_flops_s'] is None   # CPU: no MFU
-  # (decode = generate - prefill timed alone: at 5 new tokens within noise, so not checked here)
   assert 0 < result['rft_jax']['derived']['gen_tokens'] <= 2 * 4 * 5
+  assert result['rft_jax']['derived']['decode_tok_s'] > 0   # decode timed as its own program
   table = (tmp_path / 'grpo_gpu_0p5b.md').read_text()
   assert 'matmul rate (jit bfloat16 2048x2048)' in table and 'bfloat16' in result['workload_text']
   with pytest.raises(SystemExit, match="--workload-json.*unexpected keyword argument 'hiden_size'"):

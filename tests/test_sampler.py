@@ -11,6 +11,7 @@ from flax import nnx
 from scipy import stats
 
 from rft_jax.models import ModelConfig, create, forward
+from rft_jax.sampling import sampler as samplerlib
 from rft_jax.sampling.sampler import (SamplingConfig, choose, filter_logits, inverse_cdf_draw,
                                      make_sampler)
 import model_fixtures
@@ -328,3 +329,22 @@ def test_greedy_groups_repeat_the_ungrouped_result(model, prompts):
     np.testing.assert_array_equal(got[:, g], want)
   np.testing.assert_array_equal(np.asarray(grouped.prompt_tokens_bp),
                                 np.repeat(tok, 3, axis=0))
+
+
+def test_decode_after_prefill_jitted_apart_is_the_sampler(model, prompts):
+  """prefill and decode as two programs (how tools.bench times decode) give the sampler's rollout."""
+  graphdef, base, _ = model
+  params = with_eos_bias(base, 1.0)
+  tok, mask = prompts[0][:4], prompts[1][:4]
+  rng = jax.random.key(3)
+  cfg = SamplingConfig(max_new_tokens=T, eos_id=EOS, pad_id=PAD)
+  prefilled = jax.jit(lambda p, t, m: samplerlib.prefill(
+      graphdef, p, t, m, model_cfg=CFG, max_new_tokens=T, group_size=2))(params, tok, mask)
+  got = jax.jit(lambda p, t, m, r, *pre: samplerlib.decode(
+      graphdef, p, t, m, r, *pre, model_cfg=CFG, cfg=cfg, group_size=2))(
+          params, tok, mask, rng, *prefilled)
+  want = sampler(graphdef, group_size=2)(params, tok, mask, rng)
+  np.testing.assert_array_equal(np.asarray(got.tokens_bt), np.asarray(want.tokens_bt))
+  np.testing.assert_array_equal(np.asarray(got.mask_bt), np.asarray(want.mask_bt))
+  np.testing.assert_allclose(np.asarray(got.logp_bt), np.asarray(want.logp_bt), atol=1e-5)
+  assert 0 < np.asarray(got.mask_bt).sum() < 8 * T   # some rows stopped early, some sampled

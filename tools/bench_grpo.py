@@ -6,9 +6,11 @@ timed phase by phase through the trainer's own jitted functions, in the trainer'
   train     make_step_fns(...).fused     reference pass + policy fwd/bwd + AdamW, one program
   host      trainer.observe + device_get, detokenising, Python between phases
 
-Two phases the fused programs hide are timed on their own right after each step, outside the
-step's clock, on the same inputs: `prefill` (sampler.prefill, jitted alone; decode = sample -
-prefill) and `ref` (the reference pass, grpo.score_logprobs, jitted alone; policy = train - ref).
+The phases the fused programs hide are timed on their own right after each step, outside the
+step's clock, on the same inputs (and the step's updated parameters): `prefill` and `decode`
+(sampler.prefill, then sampler.decode on its outputs, each jitted alone; decode may stop at a
+different length than the step's sampler did, since the parameters moved) and `ref` (the
+reference pass, grpo.score_logprobs, jitted alone; policy = train - ref).
 
   python -m tools.bench_grpo --first-step --assets DIR   (time to first step; run by tools.bench)
 """
@@ -111,6 +113,8 @@ class RftSide:
     self.prefill = jax.jit(functools.partial(
         samplerlib.prefill, graphdef, model_cfg=self.model_cfg,
         max_new_tokens=w.max_new_tokens, group_size=w.group_size))
+    self.decode = jax.jit(functools.partial(samplerlib.decode, graphdef, model_cfg=self.model_cfg,
+                                            cfg=scfg, group_size=w.group_size))
     first = w.prompt_len_max - 1   # as fused_step: the LM head on completion positions only
     self.ref_pass = jax.jit(functools.partial(grpo.score_logprobs, graphdef, first=first,
                                               group_size=self.algo.prompt_group()))
@@ -147,13 +151,16 @@ class RftSide:
            'gen_tokens': int(np.asarray(rollout.mask_bt).sum())}
     if extra:   # the hidden phases, timed alone on the same inputs (outside the step's clock)
       t = time.perf_counter()
-      jax.block_until_ready(self.prefill(self.state.params, tokens, mask))
+      prefilled = jax.block_until_ready(self.prefill(self.state.params, tokens, mask))
       out['prefill_s'] = time.perf_counter() - t
+      rng = jax.random.fold_in(jax.random.key(self.w.seed), step)
+      t = time.perf_counter()
+      jax.block_until_ready(self.decode(self.state.params, tokens, mask, rng, *prefilled))
+      out['decode_s'] = time.perf_counter() - t
       seq, seq_mask, _, _ = grpo.rollout_sequences(rollout)
       t = time.perf_counter()
       jax.block_until_ready(self.ref_pass(self.ref_params, seq, seq_mask))
       out['ref_s'] = time.perf_counter() - t
-      out['decode_s'] = out['sample_s'] - out['prefill_s']
       out['policy_s'] = out['train_s'] - out['ref_s']
     return out
 

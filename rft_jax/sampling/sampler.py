@@ -125,10 +125,19 @@ def prefill(graphdef, params, prompt_tokens_bp, prompt_mask_bp, *, model_cfg: Mo
 def sample(graphdef, params, prompt_tokens_bp, prompt_mask_bp, rng, *, model_cfg: ModelConfig,
            cfg: SamplingConfig, group_size: int = 1) -> Rollout:
   """Samples T = cfg.max_new_tokens tokens after each left-padded prompt, group_size times per
-  prompt (B*G rows out, see prefill). Pure; jit it."""
+  prompt (B*G rows out, see prefill): prefill, then decode. Pure; jit it."""
   last_logits_bv, prefix, cache = prefill(graphdef, params, prompt_tokens_bp, prompt_mask_bp,
                                           model_cfg=model_cfg, max_new_tokens=cfg.max_new_tokens,
                                           group_size=group_size)
+  return decode(graphdef, params, prompt_tokens_bp, prompt_mask_bp, rng, last_logits_bv, prefix,
+                cache, model_cfg=model_cfg, cfg=cfg, group_size=group_size)
+
+
+def decode(graphdef, params, prompt_tokens_bp, prompt_mask_bp, rng, last_logits_bv, prefix,
+           cache, *, model_cfg: ModelConfig, cfg: SamplingConfig,
+           group_size: int = 1) -> Rollout:
+  """The decode loop after prefill (its three outputs in): one token per row per iteration,
+  on device (lax.while_loop), stopping early once every row has emitted EOS. Pure; jit it."""
   if group_size > 1:
     prompt_tokens_bp = jnp.repeat(prompt_tokens_bp, group_size, axis=0)
     prompt_mask_bp = jnp.repeat(prompt_mask_bp, group_size, axis=0)
