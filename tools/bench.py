@@ -151,11 +151,13 @@ def run_workload(args) -> dict:
                          'setup_s': trl.info['setup_s']}
       except (RuntimeError, OSError) as e:
         result['trl'] = {'error': str(e)}
-    rft_steps, trl_steps = [], []
+    rft_steps, trl_steps, rft_warmup_s = [], [], []
     for i in range(args.warmup + args.steps):   # one step of each in turn
       r = side.step(i)
       if i >= args.warmup:
         rft_steps.append(r)
+      else:
+        rft_warmup_s.append(r['step_s'])
       if trl is not None:
         t = trl.step()
         if i >= args.warmup:
@@ -171,7 +173,8 @@ def run_workload(args) -> dict:
                                jax.numpy.zeros(w.rows), jax.numpy.ones(w.rows, bool))
     gen_tokens = sum(s['gen_tokens'] for s in rft_steps) / len(rft_steps)
     result['rft_jax'] = {
-        'phases': phases, 'steps': rft_steps, 'flops': f, 'xla_train_flops': xla,
+        'phases': phases, 'steps': rft_steps, 'warmup_step_s': rft_warmup_s, 'flops': f,
+        'xla_train_flops': xla,
         'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         'derived': {'prefill_tok_s': f['prompt_tokens'] / med('prefill_s'),
                     'gen_tokens': gen_tokens, 'decode_tok_s': gen_tokens / med('decode_s'),

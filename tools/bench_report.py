@@ -30,7 +30,7 @@ def machine() -> dict:
   except OSError:
     load = float('nan')
   return {'cpu': model, 'cores': len(os.sched_getaffinity(0)), 'load_avg_1min': load,
-          'jax': jax.__version__,
+          'jax': jax.__version__, 'backend': jax.default_backend(),
           'device': f'{jax.device_count()} x {jax.devices()[0].device_kind}',
           'xla_flags': os.environ.get('XLA_FLAGS', '')}
 
@@ -70,6 +70,10 @@ def peak_device_bytes() -> int | None:
   """Peak bytes in use on device 0 since start (allocator statistics; None on CPU)."""
   peak = (jax.local_devices()[0].memory_stats() or {}).get('peak_bytes_in_use')
   return None if peak is None else int(peak)
+
+
+def _rate(flops_s: float) -> str:
+  return (f'{flops_s / 1e12:.1f} TFLOP/s' if flops_s >= 1e12 else f'{flops_s / 1e9:.1f} GFLOP/s')
 
 
 def stats(values) -> dict:
@@ -122,19 +126,24 @@ def markdown(result: dict) -> str:
       f"{d['prefill_tok_s']:,.0f} |",
       f"| decode tokens/s ({d['gen_tokens']:.0f} tokens per step) | {d['decode_tok_s']:,.0f} |",
       f"| policy update model FLOP/s (6N/token + attention, real tokens) | "
-      f"{d['update_flops_s'] / 1e9:.1f} GFLOP/s |",
+      f"{_rate(d['update_flops_s'])} |",
       f"| matmul rate (jit {result['workload'].get('dtype', 'float32')} {result['matmul_n']}x"
-      f"{result['matmul_n']}) | {result['matmul_flops_s'] / 1e9:.1f} GFLOP/s |",
+      f"{result['matmul_n']}) | {_rate(result['matmul_flops_s'])} |",
       f"| update FLOP/s / matmul rate | {d['update_mfu']:.0%} |"]
   if 'update_mfu_peak' in d:
     lines.append(f"| update MFU (model FLOP/s / the device's nominal peak, "
                  f"{result['peak_flops_s'] / 1e12:.0f} TFLOP/s) | {d['update_mfu_peak']:.1%} |")
   lines += [
       f"| policy update FLOP/s of the work done (each prompt once per group when shared) | "
-      f"{d.get('update_computed_flops_s', float('nan')) / 1e9:.1f} GFLOP/s = "
-      f"{d.get('update_computed_mfu', float('nan')):.0%} of the matmul rate |",
-      f"| ref + policy program, XLA's FLOP count (padding included) / time | "
-      f"{d['train_xla_flops_s'] / 1e9:.1f} GFLOP/s |"]
+      f"{_rate(d.get('update_computed_flops_s', float('nan')))} = "
+      f"{d.get('update_computed_mfu', float('nan')):.0%} of the matmul rate |"]
+  if result['machine'].get('backend', 'cpu') == 'cpu':
+    # (XLA's GPU cost analysis counted 2 of the program's ~76 model TFLOPs on an H200: no rate)
+    lines.append(f"| ref + policy program, XLA's FLOP count (padding included) / time | "
+                 f"{_rate(d['train_xla_flops_s'])} |")
+  if rft.get('warmup_step_s'):
+    lines.append(f"| warm-up step(s) in this process, compiles included | "
+                 + ', '.join(f'{t:.1f} s' for t in rft['warmup_step_s']) + ' |')
   for name in ('cold', 'warm'):
     f = result.get('first_step', {}).get(name)
     if f:
