@@ -2,10 +2,13 @@
 import dataclasses
 import json
 import math
+import os
 
 import pytest
 
-from tools import bench, bench_workload
+from tools import bench, bench_report, bench_workload
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PHASES = ('step_s', 'sample_s', 'ref_s', 'policy_s', 'verify_s', 'host_s', 'prefill_s',
           'decode_s', 'train_s')
@@ -104,3 +107,20 @@ def test_bench_runs_the_gpu_preset_scaled_down(tmp_path):
   with pytest.raises(SystemExit, match="--workload-json.*unexpected keyword argument 'hiden_size'"):
     bench.main(['--preset', 'gpu_0p5b', '--workload-json', '{"hiden_size": 8}',
                 '--out', str(tmp_path)])
+
+
+def test_report_shows_a_failed_first_step_run_and_no_xla_rate_off_cpu():
+  """A time-to-first-step child that failed (as one did on an H200: out of memory beside the
+  parent's preallocation) is a row saying so, not a KeyError that loses the whole report."""
+  with open(os.path.join(REPO, 'experiments', 'bench', 'grpo_gpu_0p5b.json')) as f:
+    result = json.load(f)
+  result['machine']['backend'] = 'gpu'
+  oom = ('jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to '
+         'allocate 43.64GiB with allocator GPU_0_bfc on device 0.')
+  result['first_step'] = {'cold': {'error': [oom]}, 'warm': {'error': [oom]}}
+  table = bench_report.markdown(result)
+  assert '| time to first step, cold compilation cache | failed: jax.errors.JaxRuntimeError: ' \
+         'RESOURCE_EXHAUSTED' in table
+  assert "XLA's FLOP count" not in table
+  assert '| policy update model FLOP/s (6N/token + attention, real tokens) | 323.5 TFLOP/s |' \
+      in table

@@ -146,7 +146,10 @@ def markdown(result: dict) -> str:
                  + ', '.join(f'{t:.1f} s' for t in rft['warmup_step_s']) + ' |')
   for name in ('cold', 'warm'):
     f = result.get('first_step', {}).get(name)
-    if f:
+    if f and 'error' in f:
+      lines.append(f"| time to first step, {name} compilation cache | failed: "
+                   f"{' '.join(f['error'])[:200]} |")
+    elif f:
       lines.append(f"| time to first step, {name} compilation cache | {f['ttfs_s']:.1f} s "
                    f"(imports {f['import_s']:.1f}, set-up {f['setup_s']:.1f}, first step "
                    f"{f['first_step_s']:.1f}; compile {f['compile_s']:.1f} s, "
