@@ -5,10 +5,11 @@
       as rft_jax/assets/arith_base, or RUN/checkpoints/<step>/state). Prints family, config,
       each tensor's shape and dtype, and the parameter count.
   python -m tools.checkpoint export --config configs/X.py --workdir RUN --out DIR \
-      [--step N] [--dtype bfloat16|float32] [--max-shard-gb 2]
+      [--step N] [--dtype bfloat16|float32] [--max-shard-gb 2] [--config.a.b=v ...]
       The params of RUN's latest (or --step) checkpoint as a HF dir that transformers and vLLM
       load. With config.model.path set, the family, token ids and the tokenizer / generation
-      files of that source dir are carried over.
+      files of that source dir are carried over. Give the `--config.a.b=v` overrides the run was
+      started with (e.g. --config.model.path=...): the model is built from the config.
   python -m tools.checkpoint convert HF_DIR --out DIR
       A HF dir's params as an orbax params dir (for `init_from`, with model.path = HF_DIR).
 """
@@ -67,7 +68,7 @@ def export(args) -> None:
   from rft_jax.algorithms import train_state as ts  # pylint: disable=g-import-not-at-top
   from rft_jax.models import hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
   from tools.export_base import load_config  # pylint: disable=g-import-not-at-top
-  config = load_config(args.config)
+  config = load_config(args.config, args.overrides)
   c = components.build(config)
   tx = ts.make_optimizer(config.optim)
   shardings = runs.state_shardings(c, tx)
@@ -107,7 +108,7 @@ def convert(args) -> None:
         f'use init_from={json.dumps(args.out)} with model.path={json.dumps(args.hf_dir)}')
 
 
-def main():
+def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   sub = ap.add_subparsers(dest='command', required=True)
   p = sub.add_parser('inspect')
@@ -123,7 +124,11 @@ def main():
   p = sub.add_parser('convert')
   p.add_argument('hf_dir')
   p.add_argument('--out', required=True)
-  args = ap.parse_args()
+  from tools import export_base  # pylint: disable=g-import-not-at-top
+  args, overrides = export_base.parse_with_overrides(ap, argv)
+  if overrides and args.command != 'export':
+    ap.error(f'unrecognized arguments: {" ".join(overrides)} (config overrides are for export)')
+  args.overrides = overrides
   from rft_jax.models.hf_checkpoint import HFCheckpointError  # pylint: disable=g-import-not-at-top
   try:
     if args.command == 'inspect':

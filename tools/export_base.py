@@ -1,13 +1,14 @@
 """Export the params of an SFT run's checkpoint as a standalone base-policy directory.
 
   python -m tools.export_base --config configs/sft_arith.py --workdir runs/sft_arith \
-      --out rft_jax/assets/arith_base [--step N]
+      --out rft_jax/assets/arith_base [--step N] [--config.a.b=v ...]
 
 The GRPO recipe's `init_from` points at such a directory. Without --step the latest checkpoint
-is used.
+is used. `--config.a.b=v` overrides are the run's own (as given to `python -m rft_jax.main`).
 """
 import argparse
 import os
+import re
 import shutil
 
 
@@ -15,23 +16,35 @@ from rft_jax import checkpoint, components, runs
 from rft_jax.algorithms import train_state as ts
 
 
-def load_config(path: str):
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  name, _, arg = path.partition(':')
-  spec = importlib.util.spec_from_file_location('recipe', name)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()
+def load_config(path: str, overrides=()):
+  """The recipe `path` (`file.py` or `file.py:arg`) with `--config.a.b=v` overrides applied,
+  parsed as `python -m rft_jax.main` parses them (give the ones the run was started with); a bad
+  file or key exits with rft_jax.main's one-line error."""
+  from rft_jax import main as cli  # pylint: disable=g-import-not-at-top
+  try:
+    config, _, _ = cli.parse_command_line(['export', '--config', path, *overrides])
+  except cli.UsageError as e:
+    raise SystemExit(f'error: {e}') from None
+  return config
 
 
-def main():
+def parse_with_overrides(ap: argparse.ArgumentParser, argv=None):
+  """(args, the `--config.a.b=v` arguments): ap's own arguments and the run's config overrides."""
+  args, rest = ap.parse_known_args(argv)
+  stray = [a for a in rest if a.startswith('-') and not re.match(r'--?(no)?config\.', a)]
+  if stray:
+    ap.error(f'unrecognized arguments: {" ".join(stray)}')
+  return args, rest
+
+
+def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument('--config', required=True)
   ap.add_argument('--workdir', required=True)
   ap.add_argument('--out', required=True)
   ap.add_argument('--step', type=int, default=None)
-  args = ap.parse_args()
-  config = load_config(args.config)
+  args, overrides = parse_with_overrides(ap, argv)
+  config = load_config(args.config, overrides)
   c = components.build(config)
   tx = ts.make_optimizer(config.optim)
   shardings = runs.state_shardings(c, tx)

@@ -1,0 +1,61 @@
+"""tools.checkpoint export and tools.export_base take the run's `--config.a.b=v` overrides."""
+import json
+import os
+
+import pytest
+
+from rft_jax import checkpoint, components, runs
+from rft_jax.algorithms import train_state as ts
+from tools import checkpoint as checkpoint_tool
+from tools import export_base
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPE = os.path.join(REPO, 'configs', 'grpo_arith.py') + ':tiny'
+
+
+@pytest.fixture(scope='module')
+def run_dir(tmp_path_factory):
+  """A run directory holding one checkpoint (step 1) of the tiny GRPO recipe's initial state."""
+  workdir = str(tmp_path_factory.mktemp('run'))
+  config = export_base.load_config(RECIPE)
+  c = components.build(config)
+  tx = ts.make_optimizer(config.optim)
+  state = runs.init_state(c.params, tx, runs.state_shardings(c, tx))
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'))
+  ckpt.save(1, state, {'step': 1}, {})
+  ckpt.close()
+  return workdir
+
+
+def export(run_dir, out, *overrides):
+  checkpoint_tool.main(['export', '--config', RECIPE, '--workdir', run_dir, '--out', str(out),
+                        *overrides])
+  with open(os.path.join(out, 'config.json')) as f:
+    return json.load(f)
+
+
+def test_export_applies_the_runs_overrides(run_dir, tmp_path):
+  # model.dtype decides the dtype on disk when --dtype is not given
+  assert export(run_dir, tmp_path / 'plain')['torch_dtype'] == 'float32'
+  assert export(run_dir, tmp_path / 'bf16',
+                '--config.model.dtype=bfloat16')['torch_dtype'] == 'bfloat16'
+
+
+def test_export_override_errors_are_one_line(run_dir, tmp_path):
+  with pytest.raises(SystemExit, match=r"^error: unknown config key 'model.dtyp' in "
+                                       r"--config.model.dtyp=bfloat16.*dtype"):
+    export(run_dir, tmp_path / 'x', '--config.model.dtyp=bfloat16')
+  with pytest.raises(SystemExit):   # argparse: a stray flag that is not a config override
+    export(run_dir, tmp_path / 'y', '--dtipe=bfloat16')
+  with pytest.raises(SystemExit):   # overrides only mean something to export
+    checkpoint_tool.main(['inspect', str(tmp_path), '--config.model.dtype=bfloat16'])
+
+
+def test_export_base_takes_overrides(run_dir, tmp_path):
+  out = tmp_path / 'base'
+  export_base.main(['--config', RECIPE, '--workdir', run_dir, '--out', str(out),
+                    '--config.train.steps=7'])
+  assert os.path.isfile(os.path.join(out, '_CHECKPOINT_METADATA'))
+  with pytest.raises(SystemExit, match=r"^error: unknown config key 'train.stepz'"):
+    export_base.main(['--config', RECIPE, '--workdir', run_dir, '--out', str(out),
+                      '--config.train.stepz=7'])
