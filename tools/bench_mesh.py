@@ -40,7 +40,7 @@ from rft_jax.models import functional as lm  # noqa: E402
 from rft_jax.parallel import memory  # noqa: E402
 from rft_jax.parallel import mesh as meshlib  # noqa: E402
 from rft_jax.sampling.sampler import SamplingConfig, make_sampler  # noqa: E402
-from tools.bench import timed  # noqa: E402
+from tools.bench_recipe import timed  # noqa: E402
 from tools.export_base import load_config  # noqa: E402
 
 CAVEAT = ('8 fake devices on 2 cores measure overhead, not speedup'

@@ -1,4 +1,4 @@
-"""tools.checkpoint export and tools.export_base take the run's `--config.a.b=v` overrides."""
+"""tools/: export and export_base take the run's `--config.a.b=v` overrides; every tool imports."""
 import json
 import os
 
@@ -59,3 +59,17 @@ def test_export_base_takes_overrides(run_dir, tmp_path):
   with pytest.raises(SystemExit, match=r"^error: unknown config key 'train.stepz'"):
     export_base.main(['--config', RECIPE, '--workdir', run_dir, '--out', str(out),
                       '--config.train.stepz=7'])
+
+
+def test_every_tool_module_imports():
+  """Each tools/ module imports in a fresh interpreter (tools.bench_mesh had imported a helper
+  that had moved, and broke unnoticed). bench_trl needs the optional `compare` extra."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  names = sorted(f[:-3] for f in os.listdir(os.path.join(REPO, 'tools'))
+                 if f.endswith('.py') and f not in ('__init__.py', 'bench_trl.py'))
+  assert 'bench_mesh' in names and len(names) >= 15
+  code = 'import importlib\nfor n in %r:\n  importlib.import_module("tools." + n)' % names
+  done = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True,
+                        env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
