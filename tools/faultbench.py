@@ -2,12 +2,14 @@
 
   python -m tools.faultbench --suite ci|full [--jobs N] [--out DIR] [--seeds 1,2]
                             [--faults healthy,adv_sign_flip,...] [--modes warn]
+                            [--run-timeout-s 1800]
 
 Every run is the arithmetic GRPO recipe (configs/grpo_arith.py) shrunk to fit many runs on a
 CPU (BENCH_OVERRIDES), from the shipped base policy, with one fault of rft_jax/faults.py
 injected at an onset drawn uniformly from 30-60% of the run (per seed and fault type), or none
 (healthy), or a benign change that must not raise incidents. Runs execute in `--jobs` spawned
-processes, one run per process. Then the runs are scored (tools/faultbench_score.py) and the
+processes, one run per process; a run past `--run-timeout-s` (default 1800) is killed, and it or
+one whose process dies is recorded with its error while the others go on. Then the runs are scored (tools/faultbench_score.py) and the
 out dir gets results.jsonl (one record per run), report.md, score.json and PNGs.
 
 Suites:
@@ -25,7 +27,6 @@ held out.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import multiprocessing
 import os
@@ -101,7 +102,6 @@ def make_config(spec: dict):
 def run_one(spec: dict, out_dir: str) -> dict:
   """Trains one run in this process and returns its record (see tools/faultbench_score.py)."""
   from rft_jax import runs, trainer  # pylint: disable=g-import-not-at-top
-  from rft_jax.telemetry.sinks import read_jsonl  # pylint: disable=g-import-not-at-top
   workdir = os.path.join(out_dir, 'runs', spec['name'])
   shutil.rmtree(workdir, ignore_errors=True)
   config, t0, error, summary = make_config(spec), time.time(), None, None
@@ -116,6 +116,14 @@ def run_one(spec: dict, out_dir: str) -> dict:
     summary = {'halted': str(e)}
   except Exception as e:  # pylint: disable=broad-exception-caught
     error = f'{type(e).__name__}: {e}'
+  return record(spec, out_dir, summary, error, time.time() - t0)
+
+
+def record(spec: dict, out_dir: str, summary: dict | None, error: str | None,
+           wall_s: float) -> dict:
+  """The run's record from what its workdir holds (incidents, metrics) and how it ended."""
+  from rft_jax.telemetry.sinks import read_jsonl  # pylint: disable=g-import-not-at-top
+  workdir = os.path.join(out_dir, 'runs', spec['name'])
   incidents = []
   path = os.path.join(workdir, 'incidents.jsonl')
   if os.path.exists(path):
@@ -130,25 +138,61 @@ def run_one(spec: dict, out_dir: str) -> dict:
           'steps_done': max((r['step'] for r in rows), default=0),
           'final_acc': (summary or {}).get('final_greedy_acc'),
           'halted': (summary or {}).get('halted'), 'error': error,
-          'wall_s': round(time.time() - t0, 1)}
+          'wall_s': round(wall_s, 1)}
 
 
-def run_all(specs: list[dict], out_dir: str, jobs: int) -> list[dict]:
+def _child(spec: dict, out_dir: str, conn) -> None:
+  conn.send(run_one(spec, out_dir))
+  conn.close()
+
+
+def run_all(specs: list[dict], out_dir: str, jobs: int,
+            run_timeout_s: float = 1800.0) -> list[dict]:
+  """Runs specs in up to `jobs` spawned processes, one run per process. A run past
+  `run_timeout_s` is killed, and one whose process dies is recorded too: either gets a record
+  with `error` set, from what its workdir holds, and the benchmark goes on."""
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, 'results.jsonl')
-  records = []
+  records, pending, running = [], list(specs), []   # running: (spec, process, conn, start)
   ctx = multiprocessing.get_context('spawn')
-  with open(path, 'w') as f, concurrent.futures.ProcessPoolExecutor(
-      max_workers=jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
-    futures = {pool.submit(run_one, s, out_dir): s for s in specs}
-    for fut in concurrent.futures.as_completed(futures):
-      rec = fut.result()
-      records.append(rec)
-      f.write(json.dumps(rec) + '\n')
-      f.flush()
-      print(f"[{len(records)}/{len(specs)}] {rec['name']}: {len(rec['incidents'])} incident(s)"
-            f" {'(first ' + rec['incidents'][0]['fault_class'] + ' at ' + str(rec['incidents'][0]['step']) + ')' if rec['incidents'] else ''}"
-            f" acc {rec['final_acc']} {rec['wall_s']}s {rec['error'] or ''}", flush=True)
+  with open(path, 'w') as f:
+    while pending or running:
+      while pending and len(running) < jobs:
+        spec = pending.pop(0)
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_child, args=(spec, out_dir, send), daemon=True)
+        proc.start()
+        send.close()
+        running.append((spec, proc, recv, time.time()))
+      time.sleep(0.2)
+      for item in list(running):
+        spec, proc, recv, start = item
+        rec = None
+        if recv.poll():
+          try:
+            rec = recv.recv()
+          except EOFError:   # died after closing the pipe
+            pass
+        if rec is None and proc.is_alive() and time.time() - start <= run_timeout_s:
+          continue
+        if rec is None and proc.is_alive():
+          proc.kill()
+          rec = record(spec, out_dir, None, f'timeout: killed after {run_timeout_s:.0f} s '
+                       '(--run-timeout-s)', time.time() - start)
+        elif rec is None:
+          proc.join()
+          rec = record(spec, out_dir, None, f'the run process died (exit code '
+                       f'{proc.exitcode})', time.time() - start)
+        proc.join()
+        recv.close()
+        running.remove(item)
+        records.append(rec)
+        f.write(json.dumps(rec) + '\n')
+        f.flush()
+        first = rec['incidents'][0] if rec['incidents'] else None
+        print(f"[{len(records)}/{len(specs)}] {rec['name']}: {len(rec['incidents'])} incident(s)"
+              + (f" (first {first['fault_class']} at {first['step']})" if first else '')
+              + f" acc {rec['final_acc']} {rec['wall_s']}s {rec['error'] or ''}", flush=True)
   for r in records:
     r['steps'] = r['steps_done'] or r['steps']
   return records
@@ -164,6 +208,8 @@ def main(argv=None) -> int:
                   help='comma list: keep only these fault types / benign changes / healthy')
   ap.add_argument('--modes', default='', help='comma list of modes to keep (warn, auto)')
   ap.add_argument('--rescore', action='store_true', help='score an existing results.jsonl')
+  ap.add_argument('--run-timeout-s', type=float, default=1800.0,
+                  help='wall limit per run: a run past it is killed and recorded as an error')
   args = ap.parse_args(argv)
   out = args.out or os.path.join('runs', f'faultbench_{args.suite}')
   from tools import faultbench_report, faultbench_score  # pylint: disable=g-import-not-at-top
@@ -174,7 +220,7 @@ def main(argv=None) -> int:
     specs = plan(args.suite, [int(s) for s in args.seeds.split(',')],
                  [f for f in args.faults.split(',') if f], [m for m in args.modes.split(',') if m])
     print(f'FaultBench {args.suite}: {len(specs)} runs, {args.jobs} jobs, out {out}', flush=True)
-    records = run_all(specs, out, args.jobs)
+    records = run_all(specs, out, args.jobs, args.run_timeout_s)
   scores = faultbench_score.score(records)
   with open(os.path.join(out, 'score.json'), 'w') as f:
     json.dump(scores, f, indent=2)
