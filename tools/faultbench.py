@@ -126,11 +126,10 @@ def record(spec: dict, out_dir: str, summary: dict | None, error: str | None,
   workdir = os.path.join(out_dir, 'runs', spec['name'])
   incidents = []
   path = os.path.join(workdir, 'incidents.jsonl')
-  if os.path.exists(path):
-    with open(path) as f:
-      incidents = [{k: e.get(k) for k in ('step', 'onset_step', 'fault_class', 'signature',
-                                          'severity')}
-                   for e in map(json.loads, f) if e['kind'] == 'incident']
+  if os.path.exists(path):   # (read_jsonl skips a line torn by a killed run)
+    incidents = [{k: e.get(k) for k in ('step', 'onset_step', 'fault_class', 'signature',
+                                        'severity')}
+                 for e in read_jsonl(path, kind='incident')]
   rows = read_jsonl(os.path.join(workdir, 'metrics.jsonl'), kind='train') if os.path.exists(
       os.path.join(workdir, 'metrics.jsonl')) else []
   family = 'healthy' if spec['fault'] == 'healthy' else faultlib.FAULTS[spec['fault']].family
@@ -183,7 +182,10 @@ def run_all(specs: list[dict], out_dir: str, jobs: int,
           proc.join()
           rec = record(spec, out_dir, None, f'the run process died (exit code '
                        f'{proc.exitcode})', time.time() - start)
-        proc.join()
+        proc.join(timeout=30)   # a run that answered but hangs on its way out is not waited on
+        if proc.is_alive():
+          proc.kill()
+          proc.join()
         recv.close()
         running.remove(item)
         records.append(rec)
