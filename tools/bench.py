@@ -41,19 +41,16 @@ def _child_cmd(module: str, assets: str, w) -> list[str]:
           '--assets', assets, '--workload', json.dumps(dataclasses.asdict(w))]
 
 
-CHILD_ENV_DROP = set()   # variables this process set for itself only
-
-
-def first_step_runs(assets: str, w) -> dict:
-  """Time to first step in fresh processes: a cold, then a warm, compilation cache."""
+def first_step_runs(assets: str, w, env: dict) -> dict:
+  """Time to first step in fresh processes (environment `env`): a cold, then a warm,
+  compilation cache."""
   out, cache = {}, tempfile.mkdtemp(prefix='rft_bench_cache_')
   try:
     for name in ('cold', 'warm'):
-      env = {**{k: v for k, v in os.environ.items() if k not in CHILD_ENV_DROP},
-             'JAX_COMPILATION_CACHE_DIR': cache}
       t = time.time()
       done = subprocess.run(_child_cmd('tools.bench_grpo', assets, w) + ['--first-step'],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+                            cwd=REPO, env={**env, 'JAX_COMPILATION_CACHE_DIR': cache},
+                            capture_output=True, text=True, timeout=900)
       lines = [l for l in done.stdout.splitlines() if l.startswith('RESULT ')]
       if done.returncode or not lines:
         out[name] = {'error': (done.stderr or done.stdout).strip().splitlines()[-1:]}
@@ -145,7 +142,7 @@ def run_workload(args) -> dict:
     _, state = lm.create(model_cfg, w.seed)
     wl.write_assets(w, nnx.to_pure_dict(state), model_cfg, assets, args.warmup + args.steps)
     if not args.skip_first_step:
-      result['first_step'] = first_step_runs(assets, w)
+      result['first_step'] = first_step_runs(assets, w, args.child_env)
     side = bench_grpo.RftSide(w, assets)
     trl = None
     if args.compare == 'trl':
@@ -232,12 +229,12 @@ def main(argv=None):
     bench_recipe.run(args.recipe, args.repeats)
     return None
   os.makedirs(args.out, exist_ok=True)
+  args.child_env = dict(os.environ)   # the time-to-first-step children's, before the line below
   if not args.skip_first_step and 'XLA_PYTHON_CLIENT_PREALLOCATE' not in os.environ:
     # The time-to-first-step children run while this process is alive: on a GPU, JAX's default
     # preallocation (75% of device memory) here left a 0.5B model's child out of memory (H200,
     # 2026-12-04). This process allocates as it goes; the children keep JAX's default.
     os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'] = 'false'
-    CHILD_ENV_DROP.add('XLA_PYTHON_CLIENT_PREALLOCATE')
   result = run_workload(args)
   from tools import bench_report  # pylint: disable=g-import-not-at-top
   paths = bench_report.write(result, args.out, f'grpo_{args.preset}')
