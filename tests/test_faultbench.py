@@ -47,16 +47,17 @@ def test_ci_suite_runs_and_scores_itself(tmp_path):
 
 
 def test_a_run_past_its_wall_limit_or_whose_process_dies_is_recorded(tmp_path):
-  """One run killed at --run-timeout-s, one whose process dies (a spec without 'seed' fails
-  before training): each gets a record with its error, and run_all goes on to return both."""
+  """One run killed at --run-timeout-s (a 40-step run cannot finish in 8 s), one whose process
+  dies (a spec without 'seed' fails before training; a limit it cannot reach, so a slow start on
+  a loaded machine is not taken for a timeout): each gets a record with its error."""
   from tools import faultbench  # pylint: disable=g-import-not-at-top
   slow, broken = faultbench.plan('ci', [1], ['healthy', 'lr_spike'])
   del broken['seed']
   out = str(tmp_path / 'fb')
-  records = {r['fault']: r for r in faultbench.run_all([slow, broken], out, jobs=2,
-                                                       run_timeout_s=8)}
-  assert records['healthy']['error'] == 'timeout: killed after 8 s (--run-timeout-s)'
-  assert records['healthy']['wall_s'] >= 8 and records['healthy']['steps_done'] == 0
-  assert records['lr_spike']['error'] == 'the run process died (exit code 1)'
+  [died] = faultbench.run_all([broken], out, jobs=1, run_timeout_s=600)
+  assert died['error'] == 'the run process died (exit code 1)'
+  [killed] = faultbench.run_all([slow], out, jobs=1, run_timeout_s=8)
+  assert killed['error'] == 'timeout: killed after 8 s (--run-timeout-s)'
+  assert killed['wall_s'] >= 8 and killed['steps_done'] < 40
   with open(os.path.join(out, 'results.jsonl')) as f:
-    assert sorted(json.loads(line)['fault'] for line in f) == ['healthy', 'lr_spike']
+    assert [json.loads(line)['fault'] for line in f] == ['healthy']   # this call's runs
