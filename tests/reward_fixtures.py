@@ -3,6 +3,7 @@
 The runner pickles verifiers by module path; a worker unpickling one imports this module
 (it inherits the parent's sys.path), which registers these names in its VERIFIERS too.
 """
+import os
 import random
 import signal
 import time
@@ -91,3 +92,21 @@ def hangs_on_5_percent(completion: str, answer: str) -> float:
 
 
 _RNG = random.Random()   # seeded from the OS: differs per worker process
+
+
+@verifiers.register_verifier('test_exits_on_die')
+def exits_on_die(completion: str, answer: str) -> float:
+  """On 'die', ends its process at once with exit code 3 (a crash in native code), else 1.0."""
+  del answer
+  if completion == 'die':
+    os._exit(3)  # pylint: disable=protected-access
+  return 1.0
+
+
+@verifiers.register_verifier('test_sleeps_on_slow')
+def sleeps_on_slow(completion: str, answer: str) -> float:
+  """On 'slow', sleeps 0.15 s (a slow but healthy call), else 1.0."""
+  del answer
+  if completion == 'slow':
+    time.sleep(0.15)
+  return 1.0

@@ -135,7 +135,7 @@ def test_empty_batch_and_length_mismatch():
   result = runner([], [])
   assert result.total.shape == (0,) and result.valid.shape == (0,)
   assert math.isnan(result.metrics()['reward/correct/mean'])
-  assert runner._pool is None  # An empty batch starts no workers.  pylint: disable=protected-access
+  assert runner.worker_pids == []  # An empty batch starts no workers.
   with pytest.raises(ValueError, match='3 completions but 2 answers'):
     runner(['1', '2', '3'], ['1', '2'])
 
@@ -182,12 +182,12 @@ def test_sleeping_verifier_times_out(num_workers):
     assert result.timeouts == {'correct': 0, 'test_sleeps_on_hang': 2,
                                'test_swallows_everything': 2}
     assert result.errors == {name: 0 for name in weights}
-    assert result.stuck_chunks == 0 and runner.pool_restarts == 0
+    assert result.stuck_chunks == 0 and runner.workers_replaced == 0
     assert elapsed < 10.0  # 4 timed-out calls of 0.3 s, not 1000 s.
     # The runner (and its workers) still work afterwards.
     again = runner(['7', '8'], ['7', '9'])
     np.testing.assert_array_equal(again.total, [3.0, 2.0])
-    assert again.valid.all() and runner.pool_restarts == 0
+    assert again.valid.all() and runner.workers_replaced == 0
 
 
 def test_stuck_worker_is_replaced():
@@ -197,19 +197,53 @@ def test_stuck_worker_is_replaced():
   with RewardRunner({'correct': 1.0, 'test_stuck_on_hang': 0.5}, timeout_s=0.2,
                     num_workers=2, grace_s=2.0) as runner:
     runner.start()
-    old_pids = set(runner._pool._processes)  # pylint: disable=protected-access
+    old_pids = runner.worker_pids
     t0 = time.monotonic()
     result = runner(completions, answers)
     assert time.monotonic() - t0 < 15.0  # Deadline: 3 samples * 2 verifiers * 0.2 s + 2 s.
-    assert result.stuck_chunks == 1 and runner.pool_restarts == 1
+    assert result.stuck_chunks == 1 and runner.workers_replaced == 1
     np.testing.assert_array_equal(result.valid, [False, False, False, True, True, True])
     np.testing.assert_array_equal(result.total, [0.0, 0.0, 0.0, 1.5, 1.5, 0.5])
     assert np.isnan(result.per_verifier['correct'][:3]).all()
     assert result.timeouts == {'correct': 3, 'test_stuck_on_hang': 3}
     assert result.metrics()['reward/stuck_chunks'] == 1.0
-    # The next call runs on a fresh pool, with new processes.
+    # The stuck worker was killed; the next call starts a new one beside the healthy one.
     again = runner(completions[2:], answers[2:])
-    assert set(runner._pool._processes).isdisjoint(old_pids)  # pylint: disable=protected-access
+    new_pids = runner.worker_pids
+    assert len(new_pids) == 2 and new_pids[1] == old_pids[1] and old_pids[0] not in new_pids
     np.testing.assert_array_equal(again.total, [1.5, 1.5, 1.5, 0.5])
-    assert again.valid.all() and runner.pool_restarts == 1
-  assert runner._pool is None  # pylint: disable=protected-access
+    assert again.valid.all() and runner.workers_replaced == 1
+  assert runner.worker_pids == []
+
+
+def test_dead_worker_makes_its_chunk_errors_and_is_replaced():
+  # Samples 0-1 go to one worker, 2-3 to the other; the first dies on 'die'.
+  with RewardRunner({'test_exits_on_die': 1.0}, num_workers=2) as runner:
+    runner.start()
+    old_pids = runner.worker_pids
+    result = runner(['1', 'die', '3', '4'], ['', '', '', ''])
+    np.testing.assert_array_equal(result.valid, [False, False, True, True])
+    np.testing.assert_array_equal(result.total, [0.0, 0.0, 1.0, 1.0])
+    assert result.errors == {'test_exits_on_die': 2} and result.stuck_chunks == 0
+    assert 'reward worker died (exit code 3)' in result.error_messages['test_exits_on_die']
+    assert runner.workers_replaced == 1
+    again = runner(['5', '6', '7', '8'], ['', '', '', ''])
+    assert again.valid.all() and again.total.tolist() == [1.0] * 4
+    new_pids = runner.worker_pids
+    assert new_pids[1] == old_pids[1] and old_pids[0] not in new_pids
+
+
+@pytest.mark.parametrize('num_workers', [0, 1])
+def test_timeout_is_per_call_not_per_chunk(num_workers):
+  # Five 0.15 s calls make a 0.75 s chunk; none is over the 0.3 s limit, so none times out.
+  # The call that hangs is cut off near its own limit (one timer serves the whole chunk).
+  completions = ['slow'] * 5 + ['hang']
+  weights = {'test_sleeps_on_slow': 1.0, 'test_sleeps_on_hang': 1.0}
+  with RewardRunner(weights, timeout_s=0.3, num_workers=num_workers, grace_s=30.0) as runner:
+    runner.start()
+    t0 = time.monotonic()
+    result = runner(completions, [''] * 6)
+    elapsed = time.monotonic() - t0
+  assert result.valid.tolist() == [True] * 5 + [False]
+  assert result.timeouts == {'test_sleeps_on_slow': 0, 'test_sleeps_on_hang': 1}
+  assert 0.75 + 0.3 <= elapsed < 0.75 + 0.3 + 2.0, elapsed

@@ -118,7 +118,7 @@ class RftSide:
     first = w.prompt_len_max - 1   # as fused_step: the LM head on completion positions only
     self.ref_pass = jax.jit(functools.partial(grpo.score_logprobs, graphdef, first=first,
                                               group_size=self.algo.prompt_group()))
-    self.runner = RewardRunner({'first_even': 1.0}, timeout_s=2.0, num_workers=2)
+    self.runner = RewardRunner({'first_even': 1.0}, timeout_s=2.0, num_workers=w.reward_workers)
 
   def prompts(self, step: int):
     """Step's prompts, tokenised by rft_jax's tokenizer and left-padded to the workload's

@@ -42,6 +42,8 @@ class Workload:
   tie_word_embeddings: bool = False
   attention_bias: bool = False   # q/k/v biases (Qwen2)
   dtype: str = 'float32'         # compute dtype; parameters and optimizer state stay float32
+  reward_workers: int = 2        # rft_jax's verifier processes (the recipes' rewards.num_workers;
+  #                                0 scores in the trainer's process, as TRL does)
 
   @property
   def rows(self) -> int:
