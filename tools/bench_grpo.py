@@ -2,7 +2,7 @@
 timed phase by phase through the trainer's own jitted functions, in the trainer's order:
 
   sample    make_sampler(...)            prefill + decode loop, blocked until done
-  verify    RewardRunner(texts)          verifiers in the reward process pool (text decode is host)
+  verify    RewardRunner(texts)          verifiers in the reward workers (text decode is host)
   train     make_step_fns(...).fused     reference pass + policy fwd/bwd + AdamW, one program
   host      trainer.observe + device_get, detokenising, Python between phases
 
