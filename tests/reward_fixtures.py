@@ -110,3 +110,19 @@ def sleeps_on_slow(completion: str, answer: str) -> float:
   if completion == 'slow':
     time.sleep(0.15)
   return 1.0
+
+
+def _exit_zero():
+  pass
+
+
+@verifiers.register_verifier('test_starts_a_process')
+def starts_a_process(completion: str, answer: str) -> float:
+  """Runs a multiprocessing child and returns 1.0 if it exited cleanly (reward code that uses
+  multiprocessing itself, e.g. for its own timeouts, must work inside a reward worker)."""
+  del completion, answer
+  import multiprocessing  # pylint: disable=g-import-not-at-top
+  child = multiprocessing.get_context('fork').Process(target=_exit_zero)
+  child.start()
+  child.join(timeout=30)
+  return 1.0 if child.exitcode == 0 else 0.0

@@ -247,3 +247,31 @@ def test_timeout_is_per_call_not_per_chunk(num_workers):
   assert result.valid.tolist() == [True] * 5 + [False]
   assert result.timeouts == {'test_sleeps_on_slow': 0, 'test_sleeps_on_hang': 1}
   assert 0.75 + 0.3 <= elapsed < 0.75 + 0.3 + 2.0, elapsed
+
+
+def test_a_verifier_may_start_processes_of_its_own():
+  with RewardRunner({'test_starts_a_process': 1.0}, num_workers=1) as runner:
+    result = runner(['a', 'b'], ['', ''])
+  assert result.errors == {'test_starts_a_process': 0}, result.error_messages
+  assert result.total.tolist() == [1.0, 1.0]
+
+
+def test_a_runner_never_closed_does_not_hold_up_exit():
+  # The workers are not daemons; without the runner's exit handler, multiprocessing's would
+  # wait for them at exit, and they for their next task.
+  code = ('import sys; sys.path.insert(0, sys.argv[1]); import reward_fixtures; '
+          'from rft_jax.rewards.runner import RewardRunner; '
+          "r = RewardRunner({'correct': 1.0}, num_workers=2); "
+          "total = r(['1', '2'], ['1', '3']).total.sum(); "
+          "print(*r.worker_pids, total, flush=True)")
+  import subprocess  # pylint: disable=g-import-not-at-top
+  t0 = time.monotonic()
+  done = subprocess.run([sys.executable, '-c', code, _TESTS_DIR], capture_output=True, text=True,
+                        timeout=60)
+  assert done.returncode == 0, done.stderr
+  assert time.monotonic() - t0 < 60
+  *pids, total = done.stdout.split()
+  assert float(total) == 1.0 and len(pids) == 2
+  for pid in map(int, pids):   # the workers ended with their parent
+    with pytest.raises(ProcessLookupError):
+      os.kill(pid, 0)

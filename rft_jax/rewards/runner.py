@@ -24,6 +24,7 @@ the SIGALRM timeout then applies only on the main thread, and there is no memory
 
 A RewardRunner is not thread-safe: call it from one thread.
 """
+import atexit
 import dataclasses
 import math
 import multiprocessing
@@ -33,6 +34,7 @@ import resource
 import signal
 import threading
 import time
+import weakref
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -168,6 +170,36 @@ def _worker_main(conn, fns, memory_mb: int) -> None:
     conn.send(_score_chunk(fns, *task))
 
 
+def _close_workers(workers: list) -> None:
+  """Asks each worker in `workers` to stop (killing any that does not within 5 s) and empties
+  the list's slots in place."""
+  running = [w for w in workers if w is not None]
+  workers[:] = [None] * len(workers)
+  for w in running:
+    try:
+      w.conn.send(None)
+    except OSError:
+      pass
+  for w in running:
+    w.process.join(timeout=5.0)
+    if w.process.is_alive():
+      w.process.kill()
+      w.process.join(timeout=5.0)
+    w.conn.close()
+
+
+_LIVE_RUNNERS = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+  """Ends the workers of runners never closed. Registered after multiprocessing's exit handler
+  (imported above), so it runs before it: that one waits for non-daemon children, which would
+  wait for their next task forever."""
+  for runner in list(_LIVE_RUNNERS):
+    runner.close()
+
+
 @dataclasses.dataclass
 class _Worker:
   """A spawned worker process and the parent's end of its pipe."""
@@ -276,7 +308,11 @@ class RewardRunner:
     self.grace_s = float(grace_s)
     self.memory_mb = int(memory_mb)
     self.workers_replaced = 0  # Workers the safety net killed (stuck) or found dead.
-    self._workers: list[_Worker | None] = [None] * self.num_workers
+    self._workers: list[_Worker | None] = [None] * self.num_workers   # changed in place only
+    # Workers are not daemons (a verifier may start processes of its own), so a runner dropped
+    # without close() must still end them: at garbage collection, or at exit (_close_at_exit).
+    weakref.finalize(self, _close_workers, self._workers)
+    _LIVE_RUNNERS.add(self)
     if self.num_workers:
       for name, fn in self._fns:
         try:
@@ -305,7 +341,7 @@ class RewardRunner:
     for k in missing:
       parent_conn, child_conn = ctx.Pipe()
       process = ctx.Process(target=_worker_main, args=(child_conn, self._fns, self.memory_mb),
-                            name=f'reward-worker-{k}', daemon=True)
+                            name=f'reward-worker-{k}')
       process.start()
       child_conn.close()   # Only the child holds its end now: its death reads as EOF here.
       self._workers[k] = _Worker(process, parent_conn)
@@ -324,20 +360,7 @@ class RewardRunner:
 
   def close(self) -> None:
     """Shuts the worker processes down. The runner restarts them if called again."""
-    workers, self._workers = self._workers, [None] * self.num_workers
-    for w in workers:
-      if w is not None:
-        try:
-          w.conn.send(None)
-        except OSError:
-          pass
-    for w in workers:
-      if w is not None:
-        w.process.join(timeout=5.0)
-        if w.process.is_alive():
-          w.process.kill()
-          w.process.join(timeout=5.0)
-        w.conn.close()
+    _close_workers(self._workers)
 
   def __enter__(self) -> 'RewardRunner':
     return self
