@@ -126,3 +126,25 @@ def starts_a_process(completion: str, answer: str) -> float:
   child.start()
   child.join(timeout=30)
   return 1.0 if child.exitcode == 0 else 0.0
+
+
+@verifiers.register_verifier('test_uses_its_own_alarm')
+def uses_its_own_alarm(completion: str, answer: str) -> float:
+  """Times itself with SIGALRM as math_verify does (own handler, alarm, alarm(0), handler
+  restored), which cancels any timer the caller had armed; 'hang' sleeps before that."""
+  del answer
+  if completion == 'hang':
+    time.sleep(1000)
+
+  def on_alarm(signum, frame):
+    raise TimeoutError('own timeout')
+
+  old = signal.signal(signal.SIGALRM, on_alarm)
+  signal.alarm(5)
+  try:
+    value = 1.0
+  finally:
+    signal.alarm(0)
+    if completion != 'keep':   # 'keep': leaves its own handler installed
+      signal.signal(signal.SIGALRM, old)
+  return value

@@ -275,3 +275,19 @@ def test_a_runner_never_closed_does_not_hold_up_exit():
   for pid in map(int, pids):   # the workers ended with their parent
     with pytest.raises(ProcessLookupError):
       os.kill(pid, 0)
+
+
+def test_timeouts_survive_a_verifier_that_uses_sigalrm_itself():
+  # The first calls cancel the runner's timer (and one leaves its own handler in place); the
+  # hanging call after them must still be cut off on its own, not by the chunk's deadline.
+  # (In a worker, so that a regression fails at the deadline instead of hanging the test; the
+  # inline path runs the same _score_chunk.)
+  with RewardRunner({'test_uses_its_own_alarm': 1.0}, timeout_s=0.3, num_workers=1,
+                    grace_s=3.0) as runner:
+    runner.start()
+    t0 = time.monotonic()
+    result = runner(['ok', 'keep', 'hang', 'ok'], [''] * 4)
+    elapsed = time.monotonic() - t0
+  assert result.valid.tolist() == [True, True, False, True]
+  assert result.timeouts == {'test_uses_its_own_alarm': 1} and result.stuck_chunks == 0
+  assert elapsed < 5.0, elapsed
