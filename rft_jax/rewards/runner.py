@@ -5,7 +5,7 @@
       log(result.metrics())
 
 Isolation, from the inside out:
-  1. Each (sample, verifier) call runs under a SIGALRM timer (`timeout_s`). A call that runs past
+  1. (scoring.py) Each (sample, verifier) call runs under a SIGALRM timer (`timeout_s`). A call that runs past
      it is interrupted and recorded as a timeout; the rest of the chunk is still scored. A call
      that raises is recorded as an error. Neither is ever scored 0: the verifier's value is NaN
      and the sample is marked invalid (`valid[i] == False`, `total[i] == 0.0`). A verifier that
@@ -29,7 +29,6 @@ A RewardRunner is not thread-safe: call it from one thread.
 """
 import atexit
 import dataclasses
-import math
 import multiprocessing
 import multiprocessing.connection
 import pickle
@@ -43,108 +42,13 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from rft_jax.rewards import verifiers
-
-# Per-(verifier, sample) status codes.
-OK, ERROR, TIMEOUT = 0, 1, 2
+from rft_jax.rewards.scoring import ERROR, OK, TIMEOUT, score_chunk, truncate
 
 # Names that would collide with the runner's own metric groups.
 _RESERVED_NAMES = frozenset({'total', 'errors', 'timeouts', 'invalid_frac', 'stuck_chunks'})
 
 _STARTUP_TIMEOUT_S = 120.0
 _READY = 'ready'
-_MAX_MESSAGE_CHARS = 300
-
-
-class VerifierTimeout(BaseException):
-  """Raised inside a verifier call by SIGALRM when the call runs past its timeout.
-
-  A BaseException, so a verifier's own `except Exception:` cannot swallow it.
-  """
-
-
-# The call being timed: its start (time.monotonic()) and limit; None between calls.
-_call_start = None
-_call_limit_s = 0.0
-
-
-def _on_alarm(signum, frame):
-  """SIGALRM: raises VerifierTimeout in the call being timed if it has run past its limit,
-  else re-arms the timer for that call's remaining time (or a full limit between calls).
-
-  One timer serves a whole chunk: it is armed once, and fires only when some call could be
-  over its limit, so a call costs one clock read instead of two setitimer system calls
-  (0.18 against 0.35 ms for 128 calls of the bench's verifier, measured on 2 cores).
-  """
-  del signum, frame
-  start = _call_start
-  elapsed = 0.0 if start is None else time.monotonic() - start
-  if start is not None and elapsed >= _call_limit_s:
-    signal.setitimer(signal.ITIMER_REAL, _call_limit_s)   # for the calls after this one
-    raise VerifierTimeout()
-  signal.setitimer(signal.ITIMER_REAL, max(_call_limit_s - elapsed, 1e-3))
-
-
-def _score_chunk(fns, completions, answers, timeout_s, use_alarm, offset):
-  """Scores one chunk; runs in a worker process (or inline).
-
-  Args:
-    fns: list of (name, verifier) pairs; the verifiers travel pickled by module path.
-    completions, answers: lists of n strings.
-    timeout_s: per-call timeout, enforced with SIGALRM when `use_alarm`.
-    use_alarm: whether to arm SIGALRM (only possible on a process's main thread).
-    offset: index of this chunk's first sample in the batch, for error messages.
-
-  Returns:
-    (values [V, n] float32, NaN unless OK; status [V, n] int8 of OK/ERROR/TIMEOUT;
-     first error message per verifier, or None).
-  """
-  global _call_start, _call_limit_s
-  n_v, n = len(fns), len(completions)
-  values_vn = np.full((n_v, n), np.nan, np.float32)
-  status_vn = np.full((n_v, n), OK, np.int8)
-  first_errors = [None] * n_v
-  clock = time.monotonic if use_alarm else (lambda: None)
-  old_handler = None
-  if use_alarm:
-    _call_start, _call_limit_s = None, float(timeout_s)
-    old_handler = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
-  try:
-    for v, (_, fn) in enumerate(fns):
-      values, status = [math.nan] * n, [OK] * n   # lists: cheaper per call than array items
-      for i, (completion, answer) in enumerate(zip(completions, answers)):
-        try:
-          # The alarm raises only while _call_start is set, i.e. inside this inner try, so a
-          # timeout always lands in the except clauses below.
-          if use_alarm and signal.getitimer(signal.ITIMER_REAL)[0] == 0.0:
-            # The call before used SIGALRM itself (math_verify's timeouts do) and turned the
-            # timer off: this call gets the runner's handler and timer back. (0.4 us a call;
-            # signal.getsignal, to catch a handler left behind with the timer still on, costs
-            # 2 us, as much as the whole per-call cost this scheme saves.)
-            signal.signal(signal.SIGALRM, _on_alarm)
-            signal.setitimer(signal.ITIMER_REAL, timeout_s)
-          try:
-            _call_start = clock()
-            value = fn(completion, answer)
-          finally:
-            _call_start = None
-          value = float(value)
-          if not math.isfinite(value):
-            raise ValueError(f'verifier returned non-finite value {value}')
-          values[i] = value
-        except VerifierTimeout:
-          status[i] = TIMEOUT
-        except Exception as e:  # pylint: disable=broad-exception-caught
-          status[i] = ERROR
-          if first_errors[v] is None:
-            first_errors[v] = _truncate(
-                f'{type(e).__name__}: {e} [sample {offset + i}, completion {completion!r:.60}]')
-      values_vn[v], status_vn[v] = values, status
-  finally:
-    if use_alarm:
-      signal.setitimer(signal.ITIMER_REAL, 0)
-      signal.signal(signal.SIGALRM, old_handler if old_handler is not None else signal.SIG_DFL)
-  return values_vn, status_vn, first_errors
 
 
 def _init_worker(memory_mb: int = 0):
@@ -177,7 +81,7 @@ def _worker_main(conn, fns, memory_mb: int) -> None:
       return
     if task is None:
       return
-    conn.send(_score_chunk(fns, *task))
+    conn.send(score_chunk(fns, *task))
 
 
 def _close_workers(workers: list) -> None:
@@ -192,10 +96,7 @@ def _close_workers(workers: list) -> None:
       pass
   for w in running:
     w.process.join(timeout=5.0)
-    if w.process.is_alive():
-      w.process.kill()
-      w.process.join(timeout=5.0)
-    w.conn.close()
+    w.kill()   # a no-op for one that has exited; closes our end of its pipe
 
 
 _LIVE_RUNNERS = weakref.WeakSet()
@@ -217,13 +118,10 @@ class _Worker:
   conn: multiprocessing.connection.Connection
 
   def kill(self) -> None:
+    """Kills the process (if still running), waits for it and closes the pipe."""
     self.process.kill()
     self.process.join(timeout=5.0)
     self.conn.close()
-
-
-def _truncate(message: str) -> str:
-  return message if len(message) <= _MAX_MESSAGE_CHARS else message[:_MAX_MESSAGE_CHARS] + '...'
 
 
 def _nan_mean(x: np.ndarray) -> float:
@@ -390,7 +288,7 @@ class RewardRunner:
     stuck = 0
     if n and self.num_workers == 0:
       use_alarm = threading.current_thread() is threading.main_thread()
-      values_vn, status_vn, messages = _score_chunk(
+      values_vn, status_vn, messages = score_chunk(
           self._fns, completions, answers, self.timeout_s, use_alarm, 0)
     elif n:
       stuck = self._score_in_workers(completions, answers, values_vn, status_vn, messages)
@@ -434,7 +332,7 @@ class RewardRunner:
         worker.process.join(timeout=1.0)
         status_vn[:, lo:hi] = ERROR
         for v in range(n_v):
-          messages[v] = messages[v] or _truncate(
+          messages[v] = messages[v] or truncate(
               f'reward worker died (exit code {worker.process.exitcode}): '
               f'{type(error).__name__}: {error} [samples {lo}-{hi - 1}]')
         self._replace(k)
