@@ -5,9 +5,9 @@
       log(result.metrics())
 
 Isolation, from the inside out:
-  1. (scoring.py) Each (sample, verifier) call runs under a SIGALRM timer (`timeout_s`). A call that runs past
-     it is interrupted and recorded as a timeout; the rest of the chunk is still scored. A call
-     that raises is recorded as an error. Neither is ever scored 0: the verifier's value is NaN
+  1. (scoring.py) Each (sample, verifier) call runs under a SIGALRM timer (`timeout_s`). A call
+     that runs past it is interrupted and recorded as a timeout; the rest of the chunk is still
+     scored. A call that raises is recorded as an error. Neither is ever scored 0: the verifier's value is NaN
      and the sample is marked invalid (`valid[i] == False`, `total[i] == 0.0`). A verifier that
      uses SIGALRM itself (math_verify's timeouts do) and turns the timer off gets the runner's
      handler and timer back before the next call; one that cancels the timer and then hangs in
