@@ -7,11 +7,11 @@
 Isolation, from the inside out:
   1. (scoring.py) Each (sample, verifier) call runs under a SIGALRM timer (`timeout_s`). A call
      that runs past it is interrupted and recorded as a timeout; the rest of the chunk is still
-     scored. A call that raises is recorded as an error. Neither is ever scored 0: the verifier's value is NaN
-     and the sample is marked invalid (`valid[i] == False`, `total[i] == 0.0`). A verifier that
-     uses SIGALRM itself (math_verify's timeouts do) and turns the timer off gets the runner's
-     handler and timer back before the next call; one that cancels the timer and then hangs in
-     the same call, or leaves its own handler behind with the timer on, is left to 3.
+     scored. A call that raises is recorded as an error. Neither is ever scored 0: the verifier's
+     value is NaN and the sample is marked invalid (`valid[i] == False`, `total[i] == 0.0`). A
+     verifier that uses SIGALRM itself (math_verify's timeouts do) and turns the timer off gets
+     the runner's handler and timer back before the next call; one that cancels the timer and then
+     hangs in the same call, or leaves its own handler behind with the timer on, is left to 3.
   2. Each worker process has an address-space limit (`memory_mb`): a verifier that allocates
      past it gets MemoryError (an error, as in 1); one that dies outright is case 3.
   3. A chunk whose worker does not answer within `n_calls * timeout_s + grace_s` (a verifier stuck
