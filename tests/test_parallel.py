@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import filelock
 import numpy as np
 import pytest
 
@@ -26,16 +27,24 @@ FAST_XLA = ('--xla_force_host_platform_device_count=8 --xla_backend_optimization
 
 
 @pytest.fixture(scope='module')
-def meshes(tmp_path_factory):
-  out_dir = tmp_path_factory.mktemp('meshes')
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO, XLA_FLAGS=FAST_XLA)
-  out = subprocess.run([sys.executable, os.path.join(REPO, 'tests', 'sharded_step_check.py'),
-                        str(out_dir)], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=600)
-  assert out.returncode == 0, out.stderr[-3000:]
+def meshes(tmp_path_factory, worker_id):
+  """The sharded-step check's results, computed once per test session: under xdist the
+  workers share the session's temp root, and the first to take the lock runs the check (one
+  subprocess, ~65 s on 2 cores) while the other waits for its files."""
+  root = tmp_path_factory.getbasetemp()
+  out_dir = (root if worker_id == 'master' else root.parent) / 'sharded_step_check'
+  with filelock.FileLock(str(out_dir) + '.lock'):
+    if not (out_dir / 'info.json').exists():
+      out_dir.mkdir(exist_ok=True)
+      env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO, XLA_FLAGS=FAST_XLA)
+      out = subprocess.run([sys.executable, os.path.join(REPO, 'tests', 'sharded_step_check.py'),
+                            str(out_dir)], cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=600)
+      assert out.returncode == 0, out.stderr[-3000:]
+      (out_dir / 'info.json').write_text(out.stdout)   # written last: marks the results whole
   with np.load(out_dir / 'results.npz') as f:
     arrays = dict(f)
-  return json.loads(out.stdout), arrays
+  return json.loads((out_dir / 'info.json').read_text()), arrays
 
 
 @pytest.mark.parametrize('name', SHARDED)
