@@ -100,6 +100,25 @@ def test_healthy_traces_stay_silent(suite):
   assert fired.sum() * 1000.0 / n_steps <= 1.0, names
 
 
+def test_reward_that_rises_within_the_warm_up_and_levels_off_is_not_a_collapse():
+  """RL from an SFT policy often gains most of its reward in the first ~10 steps (the warm-up)
+  and then levels off. An undamped trend fitted on that rise keeps predicting a rising reward,
+  and the shortfall accumulates into reward_collapse on healthy runs (it did in FaultBench's
+  healthy seed-1 run); the damped trend of additive signals does not. 120 healthy traces of
+  60 steps (a FaultBench run's length) whose reward rises within the warm-up."""
+  rng = np.random.default_rng(2026)
+  traces = [synthetic.healthy_trace(rng, 60, early_rise=True) for _ in range(120)]
+  collapse = sigs.SIGNATURE_NAMES.index('reward_collapse')
+
+  def share_with_collapse(cfg):
+    return float(run_batch(traces, cfg).fired[:, :, collapse].any(1).mean())
+
+  undamped = share_with_collapse(MonitorConfig(additive_trend_damping=1.0))
+  damped = share_with_collapse(CFG)
+  assert undamped >= 0.08, undamped     # the failure the damping exists for
+  assert damped <= 0.02, (damped, undamped)
+
+
 @pytest.mark.parametrize('fault', synthetic.FAULT_CLASSES)
 def test_each_fault_class_detected_within_10_steps_and_diagnosed_first(suite, fault):
   al, n0 = suite['alarms'], suite['n_healthy']

@@ -4,7 +4,9 @@
                                        [--set cusum_h=8 ...]
 
 1. Runs the monitor over `traces` healthy traces (rft_jax.monitor.synthetic.healthy_trace) and
-   prints false alarms per 1,000 steps, in total and by signature (target: <= 1 in total).
+   prints false alarms per 1,000 steps, in total and by signature (target: <= 1 in total), and
+   the share of traces with any alarm; then the same for `traces` healthy traces whose reward
+   rises within the warm-up and levels off (healthy_trace(early_rise=True)).
 2. For every fault class, injects it into `traces` fresh healthy traces at a random onset in
    [warmup + 30, steps - 40) and prints: detection rate (a signature of the right class fires
    within `window` steps of onset), median and 90th-percentile delay of the detections, the
@@ -50,12 +52,15 @@ def first_diagnosis(fired_tk: np.ndarray, score_tk: np.ndarray, start: int):
   return t, best
 
 
-def false_alarms(cfg: MonitorConfig, n: int, steps: int, seed: int):
-  """-> (alarms per 1,000 steps, {signature: alarms per 1,000 steps}) on healthy traces."""
+def false_alarms(cfg: MonitorConfig, n: int, steps: int, seed: int, early_rise: bool = False):
+  """-> (alarms per 1,000 steps, {signature: alarms per 1,000 steps}, share of traces with any
+  alarm) on n healthy traces (synthetic.healthy_trace(..., early_rise))."""
   rng = np.random.default_rng(seed)
-  fired, _ = fired_matrix([synthetic.healthy_trace(rng, steps) for _ in range(n)], cfg)
+  fired, _ = fired_matrix([synthetic.healthy_trace(rng, steps, early_rise) for _ in range(n)],
+                          cfg)
   per_sig = fired.sum((0, 1)) * 1000.0 / (n * steps)
-  return float(per_sig.sum()), dict(zip(sigs.SIGNATURE_NAMES, per_sig.tolist()))
+  return (float(per_sig.sum()), dict(zip(sigs.SIGNATURE_NAMES, per_sig.tolist())),
+          float(fired.any((1, 2)).mean()))
 
 
 def detection(cfg: MonitorConfig, fault: str, n: int, steps: int, seed: int, window: int = 10):
@@ -97,12 +102,14 @@ def main(argv=None):
     key, value = item.split('=', 1)
     cfg = dataclasses.replace(cfg, **{key: type(getattr(cfg, key))(value)})
 
-  total, per_sig = false_alarms(cfg, args.traces, args.steps, args.seed)
-  print(f'healthy: {args.traces} traces x {args.steps} steps')
-  print(f'false_alarms_per_1k_steps {total:.3f}')
-  for name, rate in per_sig.items():
-    if rate > 0:
-      print(f'  {name:28s} {rate:.3f}')
+  for early_rise in (False, True):
+    total, per_sig, runs = false_alarms(cfg, args.traces, args.steps, args.seed, early_rise)
+    print(f"healthy{', reward rising within the warm-up' if early_rise else ''}: "
+          f'{args.traces} traces x {args.steps} steps')
+    print(f'false_alarms_per_1k_steps {total:.3f} (traces with an alarm: {runs:.3f})')
+    for name, rate in per_sig.items():
+      if rate > 0:
+        print(f'  {name:28s} {rate:.3f}')
   print(f'faulty: {args.traces} traces per class, detection window {args.window} steps')
   print(f'{"fault_class":20s} {"detected":>8s} {"median":>6s} {"p90":>5s} {"first_ok":>8s} '
         f'{"pre_fa/1k":>9s}')

@@ -15,7 +15,10 @@ noisy points cannot resolve at 0 instead of extrapolating noise.
 
 After warm-up, every valid observation y_t (NaN = missing: that signal's state does not change),
 with n = valid observations before y_t:
-  pred      = baseline + trend                                   (one-step prediction)
+  pred      = baseline + phi * trend                             (one-step prediction)
+              phi = 1 for log-transformed signals, additive_trend_damping (0.5) for the
+              identity-transformed ones (rewards, fractions, ratio, loss: bounded or level
+              signals, whose rises saturate)
   z         = (y_t - pred) / (scale * sqrt(1 + small_sample * W / n))
               (the inflation is the small-sample uncertainty of the fit: x1.7 right after
                warm-up with the defaults, x1.1 after 100 observations)
@@ -32,17 +35,23 @@ The CUSUM catches sustained shifts of a few scale units (delay ~ h / (min(shift,
 steps); the persistence term catches large jumps that hold for P steps.
 
 Healthy RL runs trend (reward rises, KL grows, entropy falls), so the baseline keeps adapting
-after warm-up, as a robust Holt (level + trend) filter on the clipped innovation e = scale * zc:
-  baseline <- pred + baseline_rate * g * e,    trend <- trend + trend_rate * g * e
+after warm-up, as a robust Holt (level + damped trend) filter on the clipped innovation
+e = scale * zc:
+  baseline <- pred + baseline_rate * g * e,    trend <- phi * trend + trend_rate * g * e
   ewvar    <- (1 - v) ewvar + v * scale^2 min(z^2, z_clip^2),  v = max(var_rate, 1/n)
   scale    <- max(sqrt(ewvar), floor)
-A linear trend is followed without lag (its z stays centred), a slowly bending one with a small
-lag; a fault that moves several scale units within a few steps outruns the small rates. g = 1,
-except while a signature that uses the signal is active (`freeze`): then the trend and scale are
-held and the level adapts with g = frozen_rate, i.e. the baseline continues along its pre-alarm
-trend and absorbs at most frozen_rate * baseline_rate * z_clip scale units per step. A fault is
-not learned as the new normal, yet a false alarm on a healthy trend clears, and a permanent new
-regime is accepted after ~shift / (frozen_rate * baseline_rate * z_clip) steps.
+With phi = 1 a linear trend is followed without lag (its z stays centred), a slowly bending one
+with a small lag; a fault that moves several scale units within a few steps outruns the small
+rates. With phi < 1 the prediction extrapolates a trend by at most phi / (1 - phi) steps' worth:
+a reward that rose fast during warm-up (RL from an SFT policy often gains most in its first ten
+steps) and then levels off is not predicted to keep rising, which read as reward_collapse on
+healthy runs (synthetic.healthy_trace(early_rise=True); tools/monitor_false_alarms). g = 1,
+except while a signature that uses the signal is active (`freeze`): then the scale is held, the
+trend only decays (by phi) and the level adapts with g = frozen_rate, i.e. the baseline
+continues along its pre-alarm trend and absorbs at most frozen_rate * baseline_rate * z_clip
+scale units per step. A fault is not learned as the new normal, yet a false alarm on a healthy
+trend clears, and a permanent new regime is accepted after ~shift / (frozen_rate *
+baseline_rate * z_clip) steps.
 """
 from __future__ import annotations
 
@@ -86,6 +95,12 @@ class MonitorConfig:
   credit_persistence: steps the advantage/correctness disagreement must stay above its
     threshold (signals.INVARIANTS; rft_jax/monitor/credit.py).
   invariant_score: the score of a violated invariant (exact checks outrank drift evidence).
+  additive_trend_damping: phi of the identity-transformed signals' trend (log signals: 1).
+    Chosen on synthetic traces (tools/monitor_false_alarms, 200 traces of 300 steps): of the
+    healthy traces whose reward rises within the warm-up, 18.5% had an alarm (reward_collapse)
+    at phi = 1, 3.0% at 0.9, 1.5% at 0.7 and 0.5 (none a reward_collapse; the other healthy
+    traces: 2.5%); at 0.5 every fault class is still detected within 10 steps in >= 98.5% of
+    traces, reward_collapse's median delay 4 -> 5 steps.
   """
   warmup: int = 10
   cusum_k: float = 0.5
@@ -107,6 +122,7 @@ class MonitorConfig:
   stall_persistence: int = 5
   credit_persistence: int = 3
   invariant_score: float = 100.0
+  additive_trend_damping: float = 0.5
 
 
 @flax.struct.dataclass
@@ -204,7 +220,8 @@ def detector_update(state: DetectorState, x: jnp.ndarray, step: jnp.ndarray,
       lambda win: (jnp.zeros_like(y0), jnp.zeros_like(y0), jnp.ones_like(y0)), window)
   scoring = valid & (state.count >= w)            # warm before this observation
 
-  pred = state.baseline + state.trend
+  phi = jnp.where(sig.IS_LOG, 1.0, cfg.additive_trend_damping)       # [S] trend damping
+  pred = state.baseline + phi * state.trend
   n = jnp.maximum(state.count, 1).astype(jnp.float32)
   z = (y0 - pred) / (state.scale * jnp.sqrt(1.0 + cfg.small_sample * w / n))
   zc = jnp.clip(z, -cfg.z_clip, cfg.z_clip)
@@ -222,7 +239,8 @@ def detector_update(state: DetectorState, x: jnp.ndarray, step: jnp.ndarray,
   adapt = scoring & ~freeze
   gain = jnp.where(freeze, cfg.frozen_rate, 1.0) * state.scale * zc     # frozen: slow re-learning
   base = jnp.where(scoring, pred + cfg.baseline_rate * gain, state.baseline)
-  trend = jnp.where(adapt, state.trend + cfg.trend_rate * gain, state.trend)
+  trend = jnp.where(adapt, phi * state.trend + cfg.trend_rate * gain,
+                    jnp.where(scoring, phi * state.trend, state.trend))
   var_gain = jnp.maximum(cfg.var_rate, 1.0 / n)
   resid2 = jnp.minimum(((y0 - pred) / state.scale) ** 2, cfg.z_clip ** 2) * state.scale ** 2
   ewvar = jnp.where(adapt, (1 - var_gain) * state.ewvar + var_gain * resid2, state.ewvar)

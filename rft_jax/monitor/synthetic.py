@@ -3,7 +3,8 @@
 `healthy_trace` draws one run's worth of per-step metrics, shaped like real GRPO runs on a
 verifiable task, with every speed and noise level randomised per trace:
   reward/correct/mean  p_t + N(0, sd_r), p_t a sigmoid from r0 ~ U(.4,.6) to r1 ~ U(.85,.97)
-                       centred at U(.15,.5)*T with width U(15,45) steps; sd_r ~ U(.04,.09)
+                       centred at U(.15,.5)*T with width U(15,45) steps (early_rise: at
+                       U(-2,10) steps with width U(2,8)); sd_r ~ U(.04,.09)
   reward/mean          0.9 * correct + 0.1 * format (format verifier ~0.95, saturated)
   reward/zero_std_frac rises with p from ~0.3 to ~0.8 (+-0.04)
   kl                   kl_end * (1 - e^{-t/tau}) / (1 - e^{-T/tau}) * lognormal(sd_kl):
@@ -31,8 +32,15 @@ FAULT_CLASSES: tuple[str, ...] = (
     'nan_loss', 'credit_assignment')
 
 
-def healthy_trace(rng: np.random.Generator, steps: int = 300) -> dict[str, np.ndarray]:
-  """One healthy run: metric name -> [steps] float64 (see module doc for the model)."""
+def healthy_trace(rng: np.random.Generator, steps: int = 300,
+                  early_rise: bool = False) -> dict[str, np.ndarray]:
+  """One healthy run: metric name -> [steps] float64 (see module doc for the model).
+
+  early_rise: the reward's sigmoid is centred at U(-2, 10) steps with width U(2, 8) steps, so
+  most of the rise falls within the monitor's warm-up and the reward then levels off (RL from an
+  SFT policy on an easy task: the arithmetic recipe gains ~0.25 in its first 10 steps). The
+  same random draws as without it, so the traces differ only in that curve.
+  """
   t = np.arange(steps, dtype=np.float64)
   u = rng.uniform
 
@@ -46,7 +54,8 @@ def healthy_trace(rng: np.random.Generator, steps: int = 300) -> dict[str, np.nd
     return rng.random(steps) < u(rate_lo, rate_hi)
 
   r0, r1 = u(0.4, 0.6), u(0.85, 0.97)
-  p = r0 + (r1 - r0) / (1 + np.exp(-(t - u(0.15, 0.5) * steps) / u(15, 45)))
+  centre, width = ((u(-2, 10), u(2, 8)) if early_rise else (u(0.15, 0.5) * steps, u(15, 45)))
+  p = r0 + (r1 - r0) / (1 + np.exp(-(t - centre) / width))
   correct = np.clip(p + noise(u(0.04, 0.09)), 0, 1)
   fmt = np.clip(u(0.92, 0.99) + noise(0.01), 0, 1)
   reward = 0.9 * correct + 0.1 * fmt
