@@ -70,7 +70,7 @@ class MonitorConfig:
   """Detector and signature knobs (static under jit: hashable). Defaults are tuned with
   `python -m tools.monitor_false_alarms` on the synthetic traces of synthetic.py (200 healthy
   traces of 300 steps: ~0.1 false alarms per 1,000 steps; every fault class detected within 10
-  steps in >= 96% of traces, median delay 3-7 steps).
+  steps in >= 98% of traces, median delay 3-7 steps).
 
   warmup: valid observations before a signal is scored (the robust fit needs ~10; short, so a
     fault early in a run, e.g. at step 15, is still caught).
