@@ -83,12 +83,12 @@ print(f'{BACKEND}: {jax.device_count()} x {jax.devices()[0].device_kind}'
 #
 # On an accelerator, or a CPU with a few minutes to spare, this is the run measured in the README
 # (60 steps of 16 prompts, the spike from step 20: detected at step 22; final greedy accuracy
-# 0% with `warn`, 95.3% with `auto`, 93.0% for a healthy run). `RFT_NOTEBOOK_SMALL=1` (CI) runs
-# the tiny recipe for 24 steps with a 100x spike at step 12: enough to see the incident and the
-# actions, too short for `auto` to finish its escalation, so do not read its accuracy as a result.
-# (A 20x spike there destroyed the policy with no incident in one random stream, and a 50x one
-# only raised a late length_collapse warning: 8 prompts a step make the tiny run's KL so noisy
-# before the spike that KL 170 scored 0.09 of its threshold.)
+# 0% with `warn`, 95.3% with `auto`, 95.3% for a healthy run; measured 2026-12-05).
+# `RFT_NOTEBOOK_SMALL=1` (CI) runs the tiny recipe for 24 steps with a 100x spike at step 12: enough
+# to see the incident and the actions, too short for `auto` to finish its escalation, so do not read
+# its accuracy as a result. (A 20x spike there destroyed the policy with no incident in one random
+# stream, and a 50x one only raised a late length_collapse warning: 8 prompts a step make the tiny
+# run's KL so noisy before the spike that KL 170 scored 0.09 of its threshold.)
 
 # %%
 if SMALL:
