@@ -24,11 +24,13 @@ setup: $(VENV)/.installed
 run: setup
 	$(PY) -m rft_jax.main --config $(CONFIG) --workdir $(WORKDIR)
 
+# --dist loadscope: each test module runs whole on one worker, so module-scoped fixtures (a model,
+# the sharded-step check) are built once, not once per worker (875 -> 785 s on 2 cores).
 test: setup
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --dist loadscope
 
 test-all: setup  # includes the slow end-to-end runs
-	$(PY) -m pytest -q -n 2 -m ''
+	$(PY) -m pytest -q -n 2 --dist loadscope -m ''
 
 # Regenerate the notebooks' .ipynb from their jupytext sources (or the sources from an edited .ipynb).
 notebooks: setup
