@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rft_jax import components, evaluation, faults, incidents, rollouts, runs
+from rft_jax import components, config_rules, evaluation, faults, incidents, rollouts, runs
 from rft_jax.algorithms import kl_control, ppo
 from rft_jax.algorithms import step_fns as step_fns_lib
 from rft_jax.algorithms import train_state as ts
@@ -121,6 +121,8 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
                          monitor=monlib.init_monitor(mcfg) if mcfg else None,
                          extra=ppo.extra_state(c, algo, **critic_opt))
   state, shardings, ckpt, meta, hooks, start, reset_ref = opened
+  for notice in config_rules.sampling_notices(config):
+    hooks.on_message(notice)
   total = config.train.steps
   if start >= total and 'final_eval' in meta:
     return runs.finish_complete_run(config, workdir, opened)

@@ -89,6 +89,21 @@ def test_second_invocation_reports_complete(tmp_path):
     assert os.path.exists(os.path.join(str(tmp_path), name)), name
 
 
+def test_a_truncated_sampler_is_announced_and_shows_in_the_mismatch_metric(tmp_path):
+  """top_k / top_p: the run says at start-up that the update scores under the full softmax, and
+  the gap it names (mismatch/k3: exp(d) - d - 1, d = trainer - sampler log-prob) is far above
+  the numerical noise of an untruncated run (measured: 6.4e-3 here, 0.0 without the filter)."""
+  config = tiny_config(**{'train.steps': 1, 'train.ckpt_every': 1, 'rollout.top_k': 8,
+                          'rollout.top_p': 0.5})
+  trainer.run(config, str(tmp_path))
+  messages = [m['text'] for m in read_jsonl(os.path.join(str(tmp_path), 'metrics.jsonl'),
+                                            kind='message')]
+  assert any(m.startswith('rollout.top_k=8, rollout.top_p=0.5: completions are sampled from '
+                          'the truncated distribution') for m in messages), messages
+  [row] = train_rows(str(tmp_path)).values()
+  assert row['mismatch/k3'] > 1e-3, row['mismatch/k3']
+
+
 def test_no_recompilation_after_the_first_step(tmp_path, caplog):
   """Every jitted piece of the loop compiles once: later steps reuse the executables."""
   import jax  # pylint: disable=g-import-not-at-top
