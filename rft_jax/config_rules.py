@@ -325,9 +325,6 @@ def check_task(config: ml_collections.ConfigDict) -> None:
                         'must hold train.jsonl and test.jsonl', manual_dir)
 
 
-
-
-
 def sampling_notices(config: ml_collections.ConfigDict) -> list[str]:
   """Start-up notices (not errors) about the rollout settings of a GRPO-family or PPO recipe.
 
