@@ -282,6 +282,20 @@ def _read_scalars(logdir):
   return scalars
 
 
+def test_tensorboard_sink_writes_nan_without_a_warning(tmp_path, caplog):
+  """A metric that is NaN by design is written as NaN, and tensorboardX's unnamed
+  'NaN or Inf found in input tensor.' warning does not reach the console."""
+  logdir = str(tmp_path / 'tb')
+  sink = sinks.TensorBoardSink(logdir)
+  with caplog.at_level('WARNING'):
+    sink.on_step(1, {'credit/adv_reward_corr': float('nan'), 'kl': 0.5})
+  sink.close()
+  assert not [r for r in caplog.records if 'NaN or Inf' in r.getMessage()], caplog.text
+  scalars = _read_scalars(logdir)
+  assert math.isnan(scalars['credit/adv_reward_corr'][0][1])
+  assert scalars['kl'] == [(1, 0.5)]
+
+
 def test_tensorboard_sink_writes_readable_scalars(tmp_path):
   logdir = str(tmp_path / 'tb')
   sink = sinks.TensorBoardSink(logdir)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import numbers
 import os
@@ -190,6 +191,11 @@ class TensorBoardSink(Hook):
                flush_secs: int = 30):
     # Imported here so the console/JSONL sinks work without tensorboardX.
     from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    # NaN and inf are written as they are (TensorBoard plots them). tensorboardX would also log
+    # 'NaN or Inf found in input tensor.' for each one without naming the metric; some metrics
+    # are NaN by design (the credit correlations of a step where every group's rewards are
+    # equal, monitor/credit.py), and a NaN loss is reported by the trainer and the monitor.
+    logging.getLogger('tensorboardX.x2num').setLevel(logging.ERROR)
     self.logdir = os.fspath(logdir)
     self._step = resume_step
     self._writer = SummaryWriter(
