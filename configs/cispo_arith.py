@@ -10,6 +10,9 @@ tunes only the upper bound and we did not find its value: 0.28 (DAPO's clip-high
 from configs import grpo_arith
 
 
+VARIANTS = grpo_arith.VARIANTS
+
+
 def get_config(arg: str = ''):
   config = grpo_arith.get_config(arg)
   config.name = 'cispo_arith'

@@ -15,6 +15,9 @@ answer ("198" + EOS) is 4, so the last 2 tokens are the punishment interval: -0.
 from configs import grpo_arith
 
 
+VARIANTS = grpo_arith.VARIANTS
+
+
 def get_config(arg: str = ''):
   config = grpo_arith.get_config(arg)
   config.name = 'dapo_arith'

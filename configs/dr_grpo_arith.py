@@ -9,6 +9,9 @@ Everything but the algorithm section is configs/grpo_arith.py (and its `:tiny` v
 from configs import grpo_arith
 
 
+VARIANTS = grpo_arith.VARIANTS
+
+
 def get_config(arg: str = ''):
   config = grpo_arith.get_config(arg)
   config.name = 'dr_grpo_arith'

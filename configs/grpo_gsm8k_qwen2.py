@@ -34,6 +34,9 @@ QWEN25 = {
 }
 
 
+VARIANTS = ('', *QWEN25, 'tiny')   # '' = '0.5b'
+
+
 def get_config(arg: str = ''):
   size = arg if arg in QWEN25 else '0.5b'
   config = ml_collections.ConfigDict()

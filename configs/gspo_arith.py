@@ -11,6 +11,9 @@ second update clips a large share of sequences (watch clip_frac).
 from configs import grpo_arith
 
 
+VARIANTS = grpo_arith.VARIANTS
+
+
 def get_config(arg: str = ''):
   config = grpo_arith.get_config(arg)
   config.name = 'gspo_arith'

@@ -14,6 +14,9 @@ critic/vf_clipfrac, critic/vf_explained_var, critic/values/mean, critic/returns/
 from configs import grpo_arith
 
 
+VARIANTS = grpo_arith.VARIANTS
+
+
 def get_config(arg: str = ''):
   config = grpo_arith.get_config(arg)
   config.name = 'ppo_arith'

@@ -11,6 +11,9 @@ Use algo.advantage = 'reinforce_pp_baseline' for the group-mean-baseline variant
 from configs import grpo_arith
 
 
+VARIANTS = grpo_arith.VARIANTS
+
+
 def get_config(arg: str = ''):
   config = grpo_arith.get_config(arg)
   config.name = 'reinforce_pp_arith'

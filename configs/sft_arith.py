@@ -13,6 +13,9 @@ import ml_collections
 from configs import common
 
 
+VARIANTS = ('', 'tiny')   # --config configs/<this file>.py or ...py:tiny (seconds of work)
+
+
 def get_config(arg: str = ''):
   config = ml_collections.ConfigDict()
   config.name = 'sft_arith'

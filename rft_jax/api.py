@@ -94,6 +94,17 @@ def load_recipe(spec: str, origin: str | None = None) -> ml_collections.ConfigDi
     module_spec = importlib.util.spec_from_file_location('_rft_jax_recipe', path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
+  except Exception as e:  # pylint: disable=broad-except
+    raise RecipeError(f'config file {path!r} failed to load: {type(e).__name__}: '
+                      f'{_one_line(str(e))}') from None
+  # A recipe that lists its VARIANTS (the shipped ones do) rejects any other `:arg`, so a typo
+  # such as ':tinyy' cannot silently run the full recipe.
+  variants = getattr(module, 'VARIANTS', None)
+  if variants is not None and (arg[0] if arg else '') not in variants:
+    known = ', '.join(repr(v) for v in variants if v) or 'none'
+    raise RecipeError(f'config file {path!r}: unknown variant {arg[0]!r} (from '
+                      f'{origin or repr(spec)}); its variants: {known} (or no variant)')
+  try:
     config = module.get_config(*arg)
   except Exception as e:  # pylint: disable=broad-except
     raise RecipeError(f'config file {path!r} failed to load: {type(e).__name__}: '

@@ -1,12 +1,15 @@
 """rft_jax.api: recipes and overrides, train -> Run, the trained policy, sample and evaluate, and
 the README's example run verbatim."""
 import ast
+import glob
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -88,6 +91,26 @@ def test_recipe_errors_are_one_line(tmp_path):
   broken.write_text('def get_config(arg=None):\n  return {"not": "a ConfigDict"}\n')
   with pytest.raises(api.RecipeError, match='get_config\\(\\) returned dict, not a ConfigDict'):
     api.load_config(str(broken))
+
+
+def test_an_unknown_recipe_variant_is_a_one_line_error_and_every_listed_one_loads():
+  """'grpo_arith:tinyy' used to run the full recipe; every shipped recipe lists its VARIANTS."""
+  with pytest.raises(api.RecipeError, match=r"^config file '.*grpo_arith\.py': unknown variant "
+                     r"'tinyy' \(from 'grpo_arith:tinyy'\); its variants: 'tiny' \(or no "
+                     r"variant\)$"):
+    api.load_config('grpo_arith:tinyy')
+  recipes = [p for p in sorted(glob.glob(os.path.join(REPO, 'configs', '*.py')))
+             if os.path.basename(p) not in ('__init__.py', 'common.py')]
+  assert len(recipes) >= 12, recipes
+  for path in recipes:
+    name = os.path.basename(path)[:-3]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert '' in module.VARIANTS, name
+    for variant in module.VARIANTS:
+      assert isinstance(api.load_recipe(path + (':' + variant if variant else '')),
+                        ml_collections.ConfigDict), (name, variant)
 
 
 def test_importing_the_api_does_not_import_jax():

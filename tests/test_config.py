@@ -318,6 +318,12 @@ def test_cli_missing_config_file():
   _assert_usage_error(result, "config file not found: 'configs/nope.py'")
 
 
+def test_cli_unknown_recipe_variant():
+  result = _cli('--config', 'configs/grpo_arith.py:tinyy', '--validate_only')
+  _assert_usage_error(result, "config file 'configs/grpo_arith.py': unknown variant 'tinyy'",
+                      "its variants: 'tiny'")
+
+
 def test_cli_config_file_that_fails_to_import(tmp_path):
   broken = tmp_path / 'broken.py'
   broken.write_text('import no_such_module_anywhere\n')
