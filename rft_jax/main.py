@@ -54,6 +54,10 @@ def main(argv: Sequence[str]) -> int:
   if validate_only:
     print('config OK')
     return 0
+  problem = _workdir_problem(workdir)
+  if problem:   # before anything heavy is loaded
+    print(f'error: --workdir={workdir}: {problem}', file=sys.stderr)
+    return USAGE_ERROR
   if not flags.FLAGS.is_parsed():  # absl.logging warns until the global flags are parsed.
     flags.FLAGS.mark_as_parsed()
   from rft_jax import compile_cache, components, runs  # pylint: disable=g-import-not-at-top
@@ -131,6 +135,19 @@ def _config_argument(argv: list[str]) -> str | None:
       return match.group(1)
     if arg in ('--config', '-config') and i + 1 < len(argv):
       return argv[i + 1]
+  return None
+
+
+def _workdir_problem(workdir: str) -> str | None:
+  """Why the run could not write to `workdir` (created if missing), or None."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    return 'exists and is not a directory'
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    return f'cannot create it ({e.strerror or e})'
+  if not os.access(workdir, os.W_OK | os.X_OK):
+    return 'not writable'
   return None
 
 

@@ -324,6 +324,15 @@ def test_cli_unknown_recipe_variant():
                       "its variants: 'tiny'")
 
 
+def test_cli_unusable_workdir_is_a_one_line_error_before_any_work(tmp_path):
+  a_file = tmp_path / 'a_file'
+  a_file.write_text('')
+  result = _cli('--config', 'configs/grpo_arith.py:tiny', '--workdir', str(a_file))
+  _assert_usage_error(result, f'--workdir={a_file}: exists and is not a directory')
+  result = _cli('--config', 'configs/grpo_arith.py:tiny', '--workdir', str(a_file / 'run'))
+  _assert_usage_error(result, f'--workdir={a_file / "run"}: cannot create it')
+
+
 def test_cli_config_file_that_fails_to_import(tmp_path):
   broken = tmp_path / 'broken.py'
   broken.write_text('import no_such_module_anywhere\n')
