@@ -99,11 +99,12 @@ def load_recipe(spec: str, origin: str | None = None) -> ml_collections.ConfigDi
                       f'{_one_line(str(e))}') from None
   # A recipe that lists its VARIANTS (the shipped ones do) rejects any other `:arg`, so a typo
   # such as ':tinyy' cannot silently run the full recipe.
-  variants = getattr(module, 'VARIANTS', None)
-  if variants is not None and (arg[0] if arg else '') not in variants:
+  variants, variant = getattr(module, 'VARIANTS', None), arg[0] if arg else ''
+  if variants is not None and variant not in variants:
     known = ', '.join(repr(v) for v in variants if v) or 'none'
-    raise RecipeError(f'config file {path!r}: unknown variant {arg[0]!r} (from '
-                      f'{origin or repr(spec)}); its variants: {known} (or no variant)')
+    bare = ' (or no variant)' if '' in variants else ''
+    raise RecipeError(f'config file {path!r}: unknown variant {variant!r} (from '
+                      f'{origin or repr(spec)}); its variants: {known}{bare}')
   try:
     config = module.get_config(*arg)
   except Exception as e:  # pylint: disable=broad-except
