@@ -13,10 +13,14 @@ export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 
 .PHONY: run test test-all setup bench base clean notebooks
 
+# uv installs the ~150 packages in a fraction of pip's time (set-up 94 -> 57 s on 2 cores, empty
+# caches). torch goes first, through pip: pip takes a local CPU wheel where the machine has one,
+# uv would download a CUDA build of several GB. pip does it all if uv cannot.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet uv 'torch==2.13.0'
+	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[test]' \
+	  || $(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
 setup: $(VENV)/.installed
