@@ -32,6 +32,7 @@ VARIANTS = ('', 'tiny')   # --config configs/<this file>.py or ...py:tiny (secon
 
 
 def get_config(arg: str = ''):
+  common.check_variant(arg, VARIANTS)
   config = ml_collections.ConfigDict()
   config.name = 'dpo_arith'
   config.seed = 0

@@ -38,6 +38,7 @@ VARIANTS = ('', *QWEN25, 'tiny')   # '' = '0.5b'
 
 
 def get_config(arg: str = ''):
+  common.check_variant(arg, VARIANTS)
   size = arg if arg in QWEN25 else '0.5b'
   config = ml_collections.ConfigDict()
   config.name = f'grpo_gsm8k_qwen2_{size}' if arg != 'tiny' else 'grpo_gsm8k_qwen2_tiny'

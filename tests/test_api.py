@@ -111,6 +111,9 @@ def test_an_unknown_recipe_variant_is_a_one_line_error_and_every_listed_one_load
     for variant in module.VARIANTS:
       assert isinstance(api.load_recipe(path + (':' + variant if variant else '')),
                         ml_collections.ConfigDict), (name, variant)
+    # Called directly (a notebook's `grpo_arith.get_config('tinyy')`), the recipe itself refuses.
+    with pytest.raises(ValueError, match=r"^unknown variant 'tinyy'; this recipe's variants: "):
+      module.get_config('tinyy')
 
 
 def test_importing_the_api_does_not_import_jax():
