@@ -15,10 +15,12 @@ export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 
 # uv installs the ~150 packages in a fraction of pip's time (set-up 94 -> 57 s on 2 cores, empty
 # caches). torch goes first, through pip: pip takes a local CPU wheel where the machine has one,
-# uv would download a CUDA build of several GB. pip does it all if uv cannot.
+# uv would download a CUDA build of several GB. pip does it all if uv cannot. The torch pin is
+# read from pyproject.toml's test extra, so there is one place to change it.
+TORCH_PIN := $(shell grep -o -m1 'torch==[0-9.]*' pyproject.toml)
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet uv 'torch==2.13.0'
+	$(PY) -m pip install --quiet uv '$(TORCH_PIN)'
 	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[test]' \
 	  || $(PY) -m pip install --quiet -e '.[test]'
 	touch $@
