@@ -69,6 +69,21 @@ def test_bench_time_to_first_step_and_trl_comparison(tmp_path):
     assert set(result['ratio']) >= {'step_s', 'sample_s', 'ref_s', 'policy_s'}
 
 
+def test_compare_without_the_extra_is_a_one_line_error(monkeypatch, capsys):
+  """--compare trl where a module of the 'compare' extra is missing stops at once (exit 2) with
+  one line naming the module and the install command, before any step runs."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, 'find_spec',
+                      lambda name, *a: None if name == 'datasets' else real(name, *a))
+  monkeypatch.setattr(bench, 'run_workload', lambda args: pytest.fail('ran the workload'))
+  with pytest.raises(SystemExit) as e:
+    bench.main(['--compare', 'trl', '--tiny', '--skip-first-step'])
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert 'missing: datasets' in err and "pip install -e '.[compare]'" in err, err
+
+
 def test_gpu_preset_is_qwen2_0p5b_shaped():
   """The accelerator preset's model has Qwen2.5-0.5B's parameter count, by rft_jax's count and
   by transformers' Qwen2 built from the config rft_jax exports (on the meta device: no memory)."""

@@ -202,6 +202,15 @@ def run_workload(args) -> dict:
   return result
 
 
+COMPARE_MODULES = ('trl', 'transformers', 'torch', 'accelerate', 'datasets')   # pyproject
+
+
+def missing_compare_modules() -> list[str]:
+  """The modules of pyproject.toml's 'compare' extra that this environment cannot import."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  return [m for m in COMPARE_MODULES if importlib.util.find_spec(m) is None]
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument('--steps', type=int, default=20, help='timed steps (after --warmup)')
@@ -224,6 +233,10 @@ def main(argv=None):
   args = ap.parse_args(argv)
   if args.tiny:
     args.preset = 'tiny'
+  missing = missing_compare_modules() if args.compare == 'trl' else []
+  if missing:   # before minutes of rft_jax steps, not as a failed row at the end
+    ap.error(f"--compare trl needs the 'compare' extra (missing: {', '.join(missing)}): "
+             "pip install -e '.[compare]'")
   if args.recipe:
     from tools import bench_recipe  # pylint: disable=g-import-not-at-top
     bench_recipe.run(args.recipe, args.repeats)
