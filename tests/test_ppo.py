@@ -97,7 +97,9 @@ def tiny():
   lengths = np.array([5, 1, 3, 4, 2, 5, 0, 3])
   mask_bt = (np.arange(T)[None] < lengths[:, None]).astype(np.int32)
   rollout = Rollout(
-      prompt_tokens_bp=jnp.asarray(rng.randint(2, 16, (B, P)), jnp.int32),
+      # Groups of 2 rows share their prompt (the sampler's layout, algo.shared_prompt).
+      prompt_tokens_bp=jnp.asarray(np.repeat(rng.randint(2, 16, (B // 2, P)), 2, axis=0),
+                                   jnp.int32),
       prompt_mask_bp=jnp.asarray(np.array([[0, 1, 1]] * 4 + [[1, 1, 1]] * 4), jnp.int32),
       tokens_bt=jnp.asarray(rng.randint(2, 16, (B, T)) * mask_bt, jnp.int32),
       logp_bt=jnp.zeros((B, T), jnp.float32), mask_bt=jnp.asarray(mask_bt),
@@ -132,8 +134,9 @@ def ref_gae_row(r, v, gamma, lam):
   return adv
 
 
+@pytest.mark.parametrize('shared_prompt', [True, False])
 @pytest.mark.parametrize('mode', ['shared', 'separate'])
-def test_prepare_batch_gae_against_a_python_loop(tiny, mode):
+def test_prepare_batch_gae_against_a_python_loop(tiny, mode, shared_prompt):
   graphdef, params, ref_params, rollout, rewards, valid, head = tiny
   critic_params = {'head': head}
   backbone = params
@@ -141,7 +144,7 @@ def test_prepare_batch_gae_against_a_python_loop(tiny, mode):
     backbone = jax.tree.map(lambda x: x * 0.9, params)
     critic_params['backbone'] = backbone
   algo = ppo.PPOConfig(critic=mode, gamma=0.9, lam=0.8, kl_coef=0.3, kl_in_reward=True,
-                       group_size=2, microbatches=2)
+                       group_size=2, microbatches=2, shared_prompt=shared_prompt)
   prep = jax.jit(functools.partial(ppo.prepare_batch, graphdef=graphdef, algo=algo))
   batch, metrics = prep(params, ref_params, rollout, rewards, valid, critic_params=critic_params,
                         kl_coef=jnp.float32(0.25))
@@ -152,8 +155,15 @@ def test_prepare_batch_gae_against_a_python_loop(tiny, mode):
   h, _ = jax.jit(critic.hidden_and_logits, static_argnums=0)(graphdef, backbone, batch['tokens'],
                                                              batch['mask'])
   values = np.asarray(h, np.float64)[:, :-1] @ np.asarray(head['kernel'], np.float64) + 0.1
-  np.testing.assert_allclose(batch['old_logp'], old_logp, rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(batch['old_values'], values, rtol=1e-4, atol=1e-5)
+  # The completion positions (the only ones a loss or metric reads); the shared-prompt passes
+  # leave the prompt positions at 0.
+  np.testing.assert_allclose(batch['old_logp'][:, P - 1:], old_logp[:, P - 1:], rtol=1e-5,
+                             atol=1e-5)
+  np.testing.assert_allclose(batch['old_values'][:, P - 1:], values[:, P - 1:], rtol=1e-4,
+                             atol=1e-5)
+  if shared_prompt:
+    assert not np.asarray(batch['old_values'][:, :P - 1]).any()
+    assert metrics['invariant/group_prompt_mismatch'] == 0
   lengths = np.asarray(rollout.mask_bt).sum(-1)
   raw = np.zeros((B, P - 1 + T))
   ret = np.zeros((B, P - 1 + T))
@@ -178,6 +188,31 @@ def test_prepare_batch_gae_against_a_python_loop(tiny, mode):
   np.testing.assert_allclose(metrics['critic/vf_explained_var'], ev, rtol=1e-4, atol=1e-5)
   assert float(metrics['kl_reward/seq_kl']) > 1e-4                 # the KL term is not vacuous
   assert metrics['invariant/prompt_loss_tokens'] == 0
+
+
+@pytest.mark.parametrize('chunks', [1, 2, 8])
+@pytest.mark.parametrize('mode', ['shared', 'separate'])
+def test_shared_prompt_scoring_equals_whole_rows(tiny, mode, chunks):
+  """algo.shared_prompt (each group's prompt through the policy, critic and reference once)
+  gives the batch and metrics of scoring every row whole, on the completion positions; in 8
+  chunks, which do not divide the 4 groups, it scores row by row."""
+  graphdef, params, ref_params, rollout, rewards, valid, _ = tiny
+  cp = _critic_params(tiny, mode)
+  out = {}
+  for shared in (True, False):
+    algo = ppo.PPOConfig(critic=mode, kl_coef=0.3, kl_in_reward=True, group_size=2,
+                         score_chunks=chunks, shared_prompt=shared)
+    prep = jax.jit(functools.partial(ppo.prepare_batch, graphdef=graphdef, algo=algo))
+    out[shared] = prep(params, ref_params, rollout, rewards, valid, critic_params=cp,
+                       temperature=jnp.float32(0.7))
+  (got, got_m), (want, want_m) = out[True], out[False]
+  for k in ('old_logp', 'ref_logp', 'old_values', 'adv', 'returns', 'loss_mask'):
+    np.testing.assert_allclose(got[k][:, P - 1:], want[k][:, P - 1:], rtol=2e-5, atol=2e-6,
+                               err_msg=k)
+  assert np.abs(np.asarray(want['old_values'][:, P - 1:])).max() > 0.05   # not vacuous
+  assert np.abs(np.asarray(want['adv'])).max() > 0.1
+  for k in want_m:
+    np.testing.assert_allclose(got_m[k], want_m[k], rtol=2e-5, atol=2e-6, err_msg=k)
 
 
 def _prepared(tiny, algo, critic_params):
@@ -284,7 +319,7 @@ def test_scoring_follows_the_temperature_control(tiny, mode):
                  temperature=jnp.float32(0.5))
   want, _ = grpo.sequence_logprobs(graphdef, params, cold['tokens'], cold['mask'],
                                    temperature=jnp.float32(0.5))
-  np.testing.assert_allclose(cold['old_logp'], want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(cold['old_logp'][:, P - 1:], want[:, P - 1:], rtol=1e-5, atol=1e-5)
   plain = _prepared(tiny, algo, cp)['old_logp']
   assert float(jnp.abs(cold['old_logp'] - plain).max()) > 0.1
   step = jax.jit(functools.partial(ppo.train_step, **kwargs))

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rft_jax.algorithms import grpo
 from rft_jax.models import functional as lm
 from rft_jax.telemetry.metrics import token_entropy
 
@@ -67,23 +68,31 @@ def critic_backbone(mode: str, policy_params, critic_params):
   return policy_params if mode == 'shared' else critic_params['backbone']
 
 
-def score(graphdef, params, head, tokens_bs, mask_bs, chunks: int = 1, temperature=None):
-  """(logp_bl, values_bl) [B, L] from one backbone pass, in `chunks` row chunks.
+def score(graphdef, params, head, tokens_bs, mask_bs, chunks: int = 1, temperature=None,
+          first: int = 0, group_size: int = 1):
+  """(logp_bl, values_bl) [B, L] from one backbone pass, in `chunks` row chunks
+  (grpo.map_chunks); each row is scored on its own, so the values equal a single pass.
+  temperature: as token_logprobs.
 
-  Chunk c holds rows c, c + n, ... (n = chunks), as grpo.score_logprobs; each row is scored on
-  its own, so the values equal a single pass. temperature: as token_logprobs.
+  first = P - 1 and group_size K > 1 (static; grpo.sequence_logprobs' arguments): the
+  completion positions only, each group of K rows sharing its prompt, which runs through the
+  backbone once (models/functional.hidden_completions); log-probs and values are 0 on the
+  P - 1 prompt positions, which no loss or metric reads.
   """
-  def one(tokens, mask):
-    h_bse, logits = hidden_and_logits(graphdef, params, tokens, mask)
-    return token_logprobs(logits, tokens, temperature)[0], values(head, h_bse)[:, :-1]
+  def one(tokens, mask, group_size):
+    if group_size <= 1:
+      h_bse, logits = hidden_and_logits(graphdef, params, tokens, mask)
+      return token_logprobs(logits, tokens, temperature)[0], values(head, h_bse)[:, :-1]
+    h_bte = lm.hidden_completions(graphdef, params, tokens, mask, first + 1, group_size)
+    logits = nnx.merge(graphdef, params).logits(h_bte)
+    if temperature is not None:
+      logits = logits / jnp.asarray(temperature, logits.dtype)
+    logp_bt = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1),
+                                  tokens[:, first + 1:, None], axis=-1)[..., 0]
+    pad = lambda x_bt: jnp.pad(x_bt, ((0, 0), (first, 0)))
+    return pad(logp_bt), pad(values(head, h_bte))
 
-  if chunks <= 1:
-    return one(tokens_bs, mask_bs)
-  b = tokens_bs.shape[0]
-  split = lambda x: x.reshape(b // chunks, chunks, *x.shape[1:]).swapaxes(0, 1)
-  merge = lambda x_nbl: x_nbl.swapaxes(0, 1).reshape(b, -1)
-  logp_nbl, v_nbl = jax.lax.map(lambda tm: one(*tm), (split(tokens_bs), split(mask_bs)))
-  return merge(logp_nbl), merge(v_nbl)
+  return grpo.map_chunks(one, tokens_bs, mask_bs, chunks, group_size)
 
 
 def clipped_value_loss(vpred_bl, old_values_bl, returns_bl, clip: float):

@@ -114,28 +114,38 @@ def sequence_logprobs(graphdef, params, tokens_bs, mask_bs, first: int = 0,
 
 def score_logprobs(graphdef, params, tokens_bs, mask_bs, chunks: int = 1, first: int = 0,
                    group_size: int = 1, temperature=None):
-  """The log-probs of sequence_logprobs -> [B, L], computed `chunks` row chunks at a time.
-
-  Only [B / chunks, L, V] logits exist at once (a lax.map over chunks), so a real vocabulary fits
-  (152k x 128 rows x 900 positions would be ~70 GB in one pass). Chunk c holds rows c, c + n,
-  c + 2n, ... (n = chunks): with rows sharded over the data axis, every chunk spans every shard.
-  With group_size K > 1 the unit is a group of K consecutive rows instead of a row (chunk c
-  holds groups c, c + n, ...), so each chunk can run its prompts once. Each row is scored on its
-  own, so the values equal the single pass (chunks = 1). first, group_size, temperature: as
+  """The log-probs of sequence_logprobs -> [B, L], computed `chunks` row chunks at a time
+  (map_chunks: only [B / chunks, L, V] logits exist at once, so a real vocabulary fits; 152k x
+  128 rows x 900 positions would be ~70 GB in one pass). Each row is scored on its own, so the
+  values equal the single pass (chunks = 1). first, group_size, temperature: as
   sequence_logprobs.
+  """
+  def score(tokens, mask, group_size):
+    return sequence_logprobs(graphdef, params, tokens, mask, first=first, group_size=group_size,
+                             temperature=temperature)[0]
+  return map_chunks(score, tokens_bs, mask_bs, chunks, group_size)
+
+
+def map_chunks(fn, tokens_bs, mask_bs, chunks: int, group_size: int = 1):
+  """fn(tokens, mask, group_size) -> a pytree of [rows, ...] arrays, on `chunks` row chunks one
+  after another (lax.map), reassembled in row order.
+
+  Chunk c holds rows c, c + n, c + 2n, ... (n = chunks): with rows sharded over the data axis,
+  every chunk spans every shard. With group_size K > 1 the unit is a group of K consecutive rows
+  instead of a row (chunk c holds groups c, c + n, ...), so each chunk can run its prompts once;
+  where the chunks do not divide the groups, fn gets group_size 1 (row by row).
   """
   if group_size > 1 and chunks > 1 and (tokens_bs.shape[0] // group_size) % chunks:
     group_size = 1   # chunks do not divide the groups: score row by row (same values)
-  kw = {'first': first, 'group_size': group_size, 'temperature': temperature}
   if chunks <= 1:
-    return sequence_logprobs(graphdef, params, tokens_bs, mask_bs, **kw)[0]
+    return fn(tokens_bs, mask_bs, group_size)
   b, k = tokens_bs.shape[0], group_size
   split = lambda x: (x.reshape(b // (chunks * k), chunks, k, *x.shape[1:]).swapaxes(0, 1)
                      .reshape(chunks, b // chunks, *x.shape[1:]))
-  logp_nbl = jax.lax.map(lambda tm: sequence_logprobs(graphdef, params, *tm, **kw)[0],
-                         (split(tokens_bs), split(mask_bs)))
-  return (logp_nbl.reshape(chunks, b // (chunks * k), k, -1).swapaxes(0, 1)
-          .reshape(b, -1))
+  merge = lambda x: (x.reshape(chunks, b // (chunks * k), k, *x.shape[2:]).swapaxes(0, 1)
+                     .reshape(b, *x.shape[2:]))
+  out = jax.lax.map(lambda tm: fn(*tm, group_size), (split(tokens_bs), split(mask_bs)))
+  return jax.tree.map(merge, out)
 
 
 def rollout_sequences(rollout: Rollout):

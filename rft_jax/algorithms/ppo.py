@@ -6,8 +6,9 @@ Sequence layout as rft_jax/algorithms/grpo.py: [B, L] target positions, completi
 l = P - 1 + j. Per rollout batch:
 
   prepare_batch(params, ref_params, rollout, rewards_b, valid_b, critic_params=, kl_coef=)
-      old_logp_bl, ref_logp_bl, old_values_bl (V at the sampling params), and on the T
-      completion positions:
+      old_logp_bl, ref_logp_bl, old_values_bl (V at the sampling params; with algo.shared_prompt
+      each group's prompt runs once in these passes, and they are 0 on prompt positions), and
+      on the T completion positions:
         r_t = R * [t = last completion token] - beta * kl_t * kl_in_reward   (token rewards)
         A_t, G_t = GAE(r, V_old; gamma, lam)    (advantages.gae; returns G_t = A_t + V_old_t)
         A_t <- (A_t - mean) / std over the batch's completion tokens   (algo.adv_whiten)
@@ -132,23 +133,25 @@ def prepare_batch(params, ref_params, rollout: Rollout, rewards_b, valid_b, *, g
   loss_mask_bl = loss_mask_bl * valid_b[:, None]
   if algo.overlong == 'mask':
     loss_mask_bl = corrections.overlong_loss_mask(loss_mask_bl, rollout.truncated_b)
-  chunks = algo.score_chunks or algo.microbatches
+  p = rollout.prompt_tokens_bp.shape[1]
+  kw = dict(chunks=algo.score_chunks or algo.microbatches)
+  if algo.shared_prompt:   # completion positions only, each group's prompt once (else all)
+    kw.update(first=p - 1, group_size=algo.group_size)
   head = critic_params['head']
   if algo.critic == 'shared':   # one pass: log-probs and values from the policy's backbone
-    old_logp_bl, old_values_bl = critic.score(graphdef, params, head, tokens_bs, mask_bs, chunks,
-                                              temperature)
+    old_logp_bl, old_values_bl = critic.score(graphdef, params, head, tokens_bs, mask_bs,
+                                              temperature=temperature, **kw)
   else:
-    old_logp_bl = grpo.score_logprobs(graphdef, params, tokens_bs, mask_bs, chunks,
-                                      temperature=temperature)
+    old_logp_bl = grpo.score_logprobs(graphdef, params, tokens_bs, mask_bs,
+                                      temperature=temperature, **kw)
     _, old_values_bl = critic.score(graphdef, critic_params['backbone'], head, tokens_bs,
-                                    mask_bs, chunks)
+                                    mask_bs, **kw)
   old_logp_bl, old_values_bl = jax.lax.stop_gradient((old_logp_bl, old_values_bl))
   if algo.use_reference:
-    ref_logp_bl = grpo.score_logprobs(graphdef, ref_params, tokens_bs, mask_bs, chunks,
-                                      temperature=temperature)
+    ref_logp_bl = grpo.score_logprobs(graphdef, ref_params, tokens_bs, mask_bs,
+                                      temperature=temperature, **kw)
   else:
     ref_logp_bl = old_logp_bl
-  p = rollout.prompt_tokens_bp.shape[1]
   m_bt = loss_mask_bl[:, p - 1:]   # the T completion positions: a prefix per row
   reward_bt = token_rewards(jnp.where(valid_b, rewards_b, 0.0), m_bt)
   metrics = {}
@@ -181,6 +184,9 @@ def prepare_batch(params, ref_params, rollout: Rollout, rewards_b, valid_b, *, g
   metrics['critic/vf_explained_var'] = critic.explained_variance(old_values_bl, returns_bl,
                                                                  loss_mask_bl)
   metrics['invariant/prompt_loss_tokens'] = loss_mask_bl[:, :p - 1].sum()
+  if algo.shared_prompt and algo.group_size > 1:   # scored with each group's first prompt
+    metrics['invariant/group_prompt_mismatch'] = grpo.group_prompt_mismatch(rollout,
+                                                                             algo.group_size)
   corrections.add_mismatch(batch, metrics, old_logp_bl, sampler_logp_bl, loss_mask_bl,
                            algo.tis_cap)
   return batch, metrics

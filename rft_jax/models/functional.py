@@ -55,16 +55,26 @@ def forward(graphdef, params, tokens_bt: jax.Array, mask_bt: jax.Array,
 def forward_completions(graphdef, params, tokens_bs: jax.Array, mask_bs: jax.Array,
                         prompt_len: int, group_size: int) -> jax.Array:
   """forward(..., logits_from=P - 1)[:, :-1] -> logits [B, T, V] at the positions that predict
-  the completion tokens (T = S - P), running each group's prompt through the model once.
+  the completion tokens (T = S - P), running each group's prompt through the model once
+  (hidden_completions, then the LM head)."""
+  model = nnx.merge(graphdef, params)
+  return model.logits(hidden_completions(graphdef, params, tokens_bs, mask_bs, prompt_len,
+                                         group_size))
+
+
+def hidden_completions(graphdef, params, tokens_bs: jax.Array, mask_bs: jax.Array,
+                       prompt_len: int, group_size: int) -> jax.Array:
+  """The final normed hidden states [B, T, E] at positions P - 1 .. S - 2 (those that predict the
+  T = S - P completion tokens), running each group's prompt through the model once.
 
   Rows [g*K, (g+1)*K) (K = group_size) must share their first P = prompt_len slots, tokens and
   mask: the sampler's group layout (sampling/sampler.make_sampler). The G = B / K prompts [G, P]
   run through the model writing a KV cache; the completions [B, T] then run with that cache as
   their shared prefix (llama.Attention's prefix: never repeated over the group), each query
   seeing the prompt's real slots and its own causal slots, as in the full pass. The prompt's
-  last position (which predicts completion token 0) goes through the LM head once per group.
-  Same values as forward up to float rounding; the prompt's projections and MLP cost G * P
-  tokens instead of B * P. Gradients reach the prompt's activations through the prefix
+  last position (which predicts completion token 0) is computed once per group and repeated.
+  Same values as Transformer.hidden up to float rounding; the prompt's projections and MLP cost
+  G * P tokens instead of B * P. Gradients reach the prompt's activations through the prefix
   attention (summed over the group). Layers run unrolled and without remat.
   """
   model = nnx.merge(graphdef, params)
@@ -74,14 +84,14 @@ def forward_completions(graphdef, params, tokens_bs: jax.Array, mask_bs: jax.Arr
   cache = init_cache(model.cfg, b // k, p)
   h_gpe, cache = model.hidden(tokens_bs[::k, :p], positions_from_mask(prompt_mask_gp),
                               prompt_mask_gp.astype(bool), cache, 0)
-  first_b1v = jnp.repeat(model.logits(h_gpe[:, -1:]), k, axis=0)
+  first_b1e = jnp.repeat(h_gpe[:, -1:], k, axis=0)
   if t == 1:
-    return first_b1v
+    return first_b1e
   # Completion tokens 0 .. T-2 predict tokens 1 .. T-1.
   h_bte, _ = model.hidden(tokens_bs[:, p:s - 1], positions_from_mask(mask_bs)[:, p:s - 1],
                           mask_bs[:, p:s - 1].astype(bool),
                           prefix=(cache, prompt_mask_gp.astype(bool)))
-  return jnp.concatenate([first_b1v, model.logits(h_bte)], axis=1)
+  return jnp.concatenate([first_b1e, h_bte], axis=1)
 
 
 def forward_cached(graphdef, params, tokens_bt, positions_bt, kv_valid_bs, cache: Cache,
