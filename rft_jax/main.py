@@ -4,7 +4,9 @@ r"""Command line entry point: load a recipe, check it, run it.
   python -m rft_jax.main --config configs/sft_arith.py:tiny --validate_only
 
 `--config` takes an ml_collections config file (`path.py` or `path.py:arg`, where `arg` goes to
-`get_config(arg)`); `--config.a.b=v` overrides one key, parsed as that key's type. `--workdir`
+`get_config(arg)`); `--config.a.b=v` overrides one key, parsed as that key's type; an optional
+key the recipe leaves out (rft_jax/config_schema.py OPTIONAL_KEYS, e.g. `algo.tis_cap`) is
+added, parsed as its schema type. `--workdir`
 defaults to `runs/<config.name>`. A recipe with a `sft` section runs `rft_jax.sft.run`, one with a
 `dpo` section `rft_jax.dpo_trainer.run` (offline or online DPO), any other the RL trainer
 `rft_jax.trainer.run`. `--validate_only` checks the config, prints
@@ -108,13 +110,25 @@ def parse_command_line(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, 
   # Load the file ourselves first: errors in it are then told apart from errors in overrides,
   # and the overrides can be checked against the keys it really has.
   loaded = _load_config_file(spec)
+  optional = []   # overrides of optional keys the recipe leaves out: set after absl's parse
   for arg, key in _overrides(argv):
+    if key in config_lib.OPTIONAL_KEYS and not config_lib.has_key(loaded, key):
+      if key.split('.')[0] not in loaded:
+        raise UsageError(f'config key {key!r} in {arg}: this recipe has no '
+                         f'{key.split(".")[0]!r} section')
+      optional.append((arg, key, _optional_value(arg, key)))
+      continue
     _check_override_key(loaded, key, arg)
+  argv = [a for a in argv if a not in {arg for arg, _, _ in optional}]
 
   flag_values = _define_flags(argv)
   try:
     rest = flag_values(argv)
     config = flag_values.config
+    with config.unlocked():
+      for _, key, value in optional:
+        section, name = key.split('.')
+        config[section][name] = value
   except flags.Error as e:
     raise UsageError(_flag_error_message(e, loaded)) from None
   except (AttributeError, KeyError) as e:  # An override key we failed to catch above.
@@ -169,6 +183,29 @@ def _overrides(argv: list[str]) -> list[tuple[str, str]]:
     if match:
       found.append((arg, match.group(1)))
   return found
+
+
+def _optional_value(arg: str, key: str) -> Any:
+  """The value of `--config.<key>=v` (or `--[no]config.<key>` for a bool) for an optional key
+  (config_schema.OPTIONAL_KEYS) the recipe does not set, parsed as the schema's type for it."""
+  section, name = key.split('.')
+  kind = config_lib.SCHEMA[section][name]
+  negated = re.match(r'-{1,2}noconfig\.', arg) is not None
+  raw = arg.split('=', 1)[1] if '=' in arg else None
+  if kind is bool:
+    if raw is None:
+      return not negated
+    if raw.lower() in ('true', 't', '1', 'yes'):
+      return True
+    if raw.lower() in ('false', 'f', '0', 'no'):
+      return False
+  elif raw is not None and not negated:
+    try:
+      return kind(raw)
+    except ValueError:
+      pass
+  raise UsageError(f'{arg}: config.{key} takes a {kind.__name__} value '
+                   f'(--config.{key}=VALUE)')
 
 
 def _check_override_key(config: ml_collections.ConfigDict, key: str, arg: str) -> None:

@@ -1,5 +1,6 @@
 """Tests for rft_jax.config.validate and the rft_jax.main command line."""
 import os
+import re
 import subprocess
 import sys
 
@@ -360,6 +361,32 @@ def test_main_default_workdir_and_overrides(monkeypatch, assets):
   assert workdir == os.path.join('runs', 'sft_arith') and validate_only
   assert config.optim.lr == 1.0 and isinstance(config.optim.lr, float)
   assert config.train.steps == 6   # the :tiny variant
+
+
+def test_optional_keys_the_recipe_leaves_out_are_set_from_the_command_line(monkeypatch,
+                                                                             assets):
+  """Documented optional keys (config_schema.OPTIONAL_KEYS) that grpo_arith does not set are
+  added by an override, parsed as their schema type; bad values, unknown keys and a key of a
+  section the recipe lacks are one-line usage errors."""
+  monkeypatch.chdir(REPO)
+  base = ['main', '--config=configs/grpo_arith.py:tiny', f'--config.tokenizer.path={assets[0]}']
+  assert not config_lib.has_key(main_lib.parse_command_line(base)[0], 'algo.tis_cap')
+  config, _, _ = main_lib.parse_command_line(
+      base + ['--config.algo.tis_cap=2', '--config.algo.dynamic_sampling',
+              '--noconfig.algo.shared_prompt', '--config.algo.overlong=soft',
+              '--config.algo.score_chunks=4', '--config.optim.lr=0.5'])
+  assert config.algo.tis_cap == 2.0 and isinstance(config.algo.tis_cap, float)
+  assert config.algo.dynamic_sampling is True and config.algo.shared_prompt is False
+  assert config.algo.overlong == 'soft' and config.algo.score_chunks == 4
+  assert config.optim.lr == 0.5
+  config_lib.validate(config)
+  for arg, message in [
+      ('--config.algo.tis_cap=abc', 'config.algo.tis_cap takes a float value'),
+      ('--config.algo.shared_prompt=maybe', 'config.algo.shared_prompt takes a bool value'),
+      ('--config.algo.tis_capp=2', "unknown config key 'algo.tis_capp'"),
+      ('--config.dpo.pairs=x', "this recipe has no 'dpo' section")]:
+    with pytest.raises(main_lib.UsageError, match=re.escape(message)):
+      main_lib.parse_command_line(base + [arg])
 
 
 def test_main_dispatches_to_sft(monkeypatch, assets, tmp_path):
