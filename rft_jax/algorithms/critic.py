@@ -76,8 +76,9 @@ def score(graphdef, params, head, tokens_bs, mask_bs, chunks: int = 1, temperatu
 
   first = P - 1 and group_size K > 1 (static; grpo.sequence_logprobs' arguments): the
   completion positions only, each group of K rows sharing its prompt, which runs through the
-  backbone once (models/functional.hidden_completions); log-probs and values are 0 on the
-  P - 1 prompt positions, which no loss or metric reads.
+  backbone once (models/functional.hidden_completions); log-probs and values are then 0 on
+  the P - 1 prompt positions, which no loss or metric reads (grpo.loss_terms takes logp =
+  old_logp off the loss mask). Where the chunks do not divide the groups, rows are scored whole.
   """
   def one(tokens, mask, group_size):
     if group_size <= 1:
