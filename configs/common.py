@@ -6,14 +6,13 @@ exactly these, so the GRPO recipe can load the SFT checkpoint without shape surp
 import ml_collections
 
 
-def check_variant(arg: str, variants: tuple[str, ...]) -> str:
-  """-> arg, or ValueError when it is not one of the recipe's VARIANTS, so that a direct call
+def check_variant(arg: str, variants: tuple[str, ...]) -> None:
+  """ValueError when arg is not one of the recipe's VARIANTS, so that a direct call
   such as get_config('tinyy') fails instead of returning the full recipe (the CLI and
   rft_jax.api check before calling)."""
   if arg not in variants:
     raise ValueError(f"unknown variant {arg!r}; this recipe's variants: "
                      + ', '.join(repr(v) for v in variants))
-  return arg
 
 
 def arith_task():

@@ -119,7 +119,8 @@ def parse_command_line(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, 
       optional.append((arg, key, _optional_value(arg, key)))
       continue
     _check_override_key(loaded, key, arg)
-  argv = [a for a in argv if a not in {arg for arg, _, _ in optional}]
+  set_after = {arg for arg, _, _ in optional}
+  argv = [a for a in argv if a not in set_after]
 
   flag_values = _define_flags(argv)
   try:

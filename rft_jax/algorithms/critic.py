@@ -55,11 +55,7 @@ def values(head: dict, h_bse) -> jax.Array:
 def token_logprobs(logits_bsv, tokens_bs, temperature=None):
   """log pi(token_{l+1} | <= l) and the entropy at each target position -> two [B, L];
   temperature: as grpo.sequence_logprobs (pi = softmax(logits / temperature))."""
-  logits = logits_bsv[:, :-1]   # as grpo.sequence_logprobs
-  if temperature is not None:
-    logits = logits / jnp.asarray(temperature, logits.dtype)
-  logp_blv = jax.nn.log_softmax(logits, axis=-1)
-  logp_bl = jnp.take_along_axis(logp_blv, tokens_bs[:, 1:, None], axis=-1)[..., 0]
+  logp_bl, logits = grpo.target_logprobs(logits_bsv[:, :-1], tokens_bs[:, 1:], temperature)
   return logp_bl, token_entropy(logits)
 
 
@@ -86,10 +82,7 @@ def score(graphdef, params, head, tokens_bs, mask_bs, chunks: int = 1, temperatu
       return token_logprobs(logits, tokens, temperature)[0], values(head, h_bse)[:, :-1]
     h_bte = lm.hidden_completions(graphdef, params, tokens, mask, first + 1, group_size)
     logits = nnx.merge(graphdef, params).logits(h_bte)
-    if temperature is not None:
-      logits = logits / jnp.asarray(temperature, logits.dtype)
-    logp_bt = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1),
-                                  tokens[:, first + 1:, None], axis=-1)[..., 0]
+    logp_bt, _ = grpo.target_logprobs(logits, tokens[:, first + 1:], temperature)
     pad = lambda x_bt: jnp.pad(x_bt, ((0, 0), (first, 0)))
     return pad(logp_bt), pad(values(head, h_bte))
 

@@ -104,12 +104,18 @@ def sequence_logprobs(graphdef, params, tokens_bs, mask_bs, first: int = 0,
     logits = lm.forward_completions(graphdef, params, tokens_bs, mask_bs, first + 1, group_size)
   else:
     logits = lm.forward(graphdef, params, tokens_bs, mask_bs, logits_from=first)[:, :-1]
-  if temperature is not None:
-    logits = logits / jnp.asarray(temperature, logits.dtype)
-  logp_blv = jax.nn.log_softmax(logits, axis=-1)
-  logp_bl = jnp.take_along_axis(logp_blv, tokens_bs[:, first + 1:, None], axis=-1)[..., 0]
+  logp_bl, logits = target_logprobs(logits, tokens_bs[:, first + 1:], temperature)
   pad = lambda x_bl: jnp.pad(x_bl, ((0, 0), (first, 0))) if first else x_bl
   return pad(logp_bl), pad(token_entropy(logits))
+
+
+def target_logprobs(logits_blv, targets_bl, temperature=None):
+  """log pi(target_bl) with pi = softmax(logits_blv / temperature) (temperature None = 1)
+  -> (logp_bl [B, L], the tempered logits [B, L, V], e.g. for token_entropy)."""
+  if temperature is not None:
+    logits_blv = logits_blv / jnp.asarray(temperature, logits_blv.dtype)
+  logp_blv = jax.nn.log_softmax(logits_blv, axis=-1)
+  return jnp.take_along_axis(logp_blv, targets_bl[..., None], axis=-1)[..., 0], logits_blv
 
 
 def score_logprobs(graphdef, params, tokens_bs, mask_bs, chunks: int = 1, first: int = 0,
