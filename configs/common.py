@@ -3,7 +3,12 @@
 Both `sft_arith.py` (which builds the base policy) and `grpo_arith.py` (which post-trains it) use
 exactly these, so the GRPO recipe can load the SFT checkpoint without shape surprises.
 """
+import os
+
 import ml_collections
+
+# The checkout these recipes belong to (configs/..).
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def check_variant(arg: str, variants: tuple[str, ...]) -> None:
@@ -13,6 +18,15 @@ def check_variant(arg: str, variants: tuple[str, ...]) -> None:
   if arg not in variants:
     raise ValueError(f"unknown variant {arg!r}; this recipe's variants: "
                      + ', '.join(repr(v) for v in variants))
+
+
+def shipped_asset(name: str) -> str:
+  """'rft_jax/assets/<name>' when the current directory is the repository (the README's
+  commands), else its absolute path in this checkout, so that a notebook or script started
+  from another directory finds the shipped tokenizer and base policy too. Paths a user sets
+  stay relative to the current directory."""
+  path = os.path.join('rft_jax', 'assets', name)
+  return path if os.path.exists(path) else os.path.join(REPO_ROOT, path)
 
 
 def arith_task():
@@ -25,7 +39,7 @@ def arith_task():
 
 def tiny_tokenizer():
   tok = ml_collections.ConfigDict()
-  tok.path = 'rft_jax/assets/arith_spm.model'  # SentencePiece, trained on the task corpus
+  tok.path = shipped_asset('arith_spm.model')  # SentencePiece, trained on the task corpus
   return tok
 
 

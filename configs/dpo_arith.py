@@ -43,7 +43,7 @@ def get_config(arg: str = ''):
 
   # Policy (and frozen reference): the tiny Llama-style model, initialised from the SFT base.
   config.model = common.tiny_model()
-  config.init_from = 'rft_jax/assets/arith_base'
+  config.init_from = common.shipped_asset('arith_base')
 
   # DPO: offline pairs, sigmoid loss (Rafailov et al. 2023).
   config.dpo = ml_collections.ConfigDict()

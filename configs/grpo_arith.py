@@ -28,7 +28,7 @@ def get_config(arg: str = ''):
 
   # Policy: the tiny Llama-style model, initialised from the SFT base policy.
   config.model = common.tiny_model()
-  config.init_from = 'rft_jax/assets/arith_base'   # orbax params dir; '' = random init
+  config.init_from = common.shipped_asset('arith_base')   # orbax params dir; '' = random init
 
   # Rollouts: G completions for each of `prompts_per_step` prompts.
   config.rollout = ml_collections.ConfigDict()

@@ -35,7 +35,7 @@ def get_config(arg: str = ''):
 
   # Policy (and frozen reference): the tiny Llama-style model, initialised from the SFT base.
   config.model = common.tiny_model()
-  config.init_from = 'rft_jax/assets/arith_base'
+  config.init_from = common.shipped_asset('arith_base')
 
   # Rollouts: G completions for each of `prompts_per_step` prompts (as in grpo_arith).
   config.rollout = ml_collections.ConfigDict()

@@ -66,7 +66,8 @@ def resolve_recipe(recipe: str) -> str:
   """'grpo_arith[:arg]' or 'configs/grpo_arith.py[:arg]' -> 'path.py[:arg]'.
 
   A bare name is configs/<name>.py under the current directory, else under the repository
-  this package was installed from. Paths inside recipes (tokenizer, init_from) stay relative to
+  this package was installed from. The shipped recipes find their assets (tokenizer, base
+  policy) from any directory (configs/common.py shipped_asset); other paths are relative to
   the current directory, as for the CLI.
   """
   name, sep, arg = recipe.partition(':')

@@ -50,6 +50,22 @@ def test_recipe_names_resolve_to_the_same_config():
   assert by_name.train.steps == 4 and api.load_config('grpo_arith').train.steps == 150
 
 
+def test_shipped_recipes_find_their_assets_from_any_directory(monkeypatch, tmp_path):
+  """A notebook or script started outside the repository loads the arithmetic recipes (the
+  shipped tokenizer and base policy by absolute path); from the repository they stay relative."""
+  names = ('grpo_arith', 'sft_arith', 'ppo_arith', 'dpo_arith', 'online_dpo_arith')
+  monkeypatch.chdir(REPO)
+  here = {n: api.load_config(n) for n in names}
+  assert all(c.tokenizer.path == 'rft_jax/assets/arith_spm.model' for c in here.values())
+  assert here['grpo_arith'].init_from == 'rft_jax/assets/arith_base'
+  monkeypatch.chdir(tmp_path)
+  for name in names:
+    config = api.load_config(name)   # validates: the files exist
+    assert config.tokenizer.path == os.path.join(REPO, here[name].tokenizer.path), name
+    if here[name].init_from:
+      assert config.init_from == os.path.join(REPO, here[name].init_from), name
+
+
 def test_overrides_dotted_and_keyword():
   config = api.load_config('grpo_arith:tiny', {'optim.lr': 1}, train__steps=7)
   assert config.train.steps == 7

@@ -277,6 +277,22 @@ def test_a_runner_never_closed_does_not_hold_up_exit():
       os.kill(pid, 0)
 
 
+def test_a_script_without_a_main_guard_is_told_why_its_workers_die(tmp_path):
+  # spawn imports the main script again in each worker; one that starts the runner at import
+  # time fails there, and the parent's error says so instead of only "EOFError".
+  script = tmp_path / 'train.py'
+  script.write_text('import sys; sys.path.insert(0, sys.argv[1]); import reward_fixtures\n'
+                    'from rft_jax.rewards.runner import RewardRunner\n'
+                    "RewardRunner({'correct': 1.0}, num_workers=1).start()\n")
+  import subprocess  # pylint: disable=g-import-not-at-top
+  done = subprocess.run([sys.executable, str(script), _TESTS_DIR], capture_output=True,
+                        text=True, timeout=120)
+  assert done.returncode != 0
+  last = done.stderr.strip().splitlines()[-1]
+  assert last.startswith('RuntimeError: reward worker 0 failed to start'), last
+  assert f"import {script} again" in last and "if __name__ == '__main__':" in last, last
+
+
 def test_timeouts_survive_a_verifier_that_uses_sigalrm_itself():
   # The first calls cancel the runner's timer (and one leaves its own handler in place); the
   # hanging call after them must still be cut off on its own, not by the chunk's deadline.

@@ -34,6 +34,7 @@ import multiprocessing.connection
 import pickle
 import resource
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -182,6 +183,19 @@ class RewardResult:
     return out
 
 
+def _start_hint() -> str:
+  """Why a worker most often dies at start-up: spawn imports the main script again in the
+  worker, and a script that trains at import time (no `if __name__ == '__main__':`) makes
+  that import fail. Empty when the main module is not a script (python -m, a notebook)."""
+  main = sys.modules.get('__main__')
+  main_file = getattr(main, '__file__', None)
+  if not main_file or getattr(main, '__spec__', None) is not None:   # python -m x: not a script
+    return ''
+  return (f"; the workers import {main_file} again (multiprocessing spawn), so a script must "
+          "start training under `if __name__ == '__main__':`, or set rewards.num_workers=0 "
+          "to score in this process")
+
+
 class RewardRunner:
   """Scores completions with weighted verifiers in spawned worker processes."""
 
@@ -264,7 +278,7 @@ class RewardRunner:
         worker.process.join(timeout=1.0)
         self.close()
         raise RuntimeError(f'reward worker {k} failed to start: {type(e).__name__}: {e} '
-                           f'(exit code {worker.process.exitcode})') from e
+                           f'(exit code {worker.process.exitcode}){_start_hint()}') from e
 
   def close(self) -> None:
     """Shuts the worker processes down. The runner restarts them if called again."""
