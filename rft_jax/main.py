@@ -89,7 +89,8 @@ def _define_flags(argv: list[str]) -> flags.FlagValues:
   """This command's flags, in a fresh FlagValues so that `main` can run more than once."""
   flag_values = flags.FlagValues()
   config_flags.DEFINE_config_file(
-      'config', None, 'Recipe file, `path.py` or `path.py:arg`.', flag_values=flag_values,
+      'config', None, 'Recipe file, `path.py` or `path.py:arg`, or a shipped recipe by name '
+      '(grpo_arith, grpo_arith:tiny).', flag_values=flag_values,
       lock_config=True, sys_argv=argv)
   flags.DEFINE_string('workdir', '', "Output directory; '' = runs/<config.name>.",
                       flag_values=flag_values)
@@ -107,9 +108,12 @@ def parse_command_line(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, 
   spec = _config_argument(argv)
   if spec is None:
     raise UsageError('missing --config, e.g. --config configs/grpo_arith.py')
+  resolved = api.resolve_recipe(spec)   # a shipped recipe's bare name: its file, from anywhere
+  if resolved != spec:
+    argv = _with_config_argument(argv, resolved)
   # Load the file ourselves first: errors in it are then told apart from errors in overrides,
   # and the overrides can be checked against the keys it really has.
-  loaded = _load_config_file(spec)
+  loaded = _load_config_file(resolved, origin=spec)
   optional = []   # overrides of optional keys the recipe leaves out: set after absl's parse
   for arg, key in _overrides(argv):
     if key in config_lib.OPTIONAL_KEYS and not config_lib.has_key(loaded, key):
@@ -153,6 +157,22 @@ def _config_argument(argv: list[str]) -> str | None:
   return None
 
 
+def _with_config_argument(argv: list[str], spec: str) -> list[str]:
+  """argv with the value of --config replaced by spec."""
+  out = list(argv)
+  for i, arg in enumerate(out[1:], 1):
+    if arg == '--':
+      break
+    match = re.fullmatch(r'(--?config=).*', arg)
+    if match:
+      out[i] = match.group(1) + spec
+      return out
+    if arg in ('--config', '-config') and i + 1 < len(out):
+      out[i + 1] = spec
+      return out
+  return out
+
+
 def _workdir_problem(workdir: str) -> str | None:
   """Why the run could not write to `workdir` (created if missing), or None."""
   if os.path.exists(workdir) and not os.path.isdir(workdir):
@@ -166,10 +186,10 @@ def _workdir_problem(workdir: str) -> str | None:
   return None
 
 
-def _load_config_file(spec: str) -> ml_collections.ConfigDict:
+def _load_config_file(spec: str, origin: str) -> ml_collections.ConfigDict:
   """Imports the recipe file and returns its `get_config(arg)`, as ml_collections will."""
   try:
-    return api.load_recipe(spec, origin=f'--config={spec}')
+    return api.load_recipe(spec, origin=f'--config={origin}')
   except api.RecipeError as e:
     raise UsageError(str(e)) from None
 

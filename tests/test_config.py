@@ -363,6 +363,21 @@ def test_main_default_workdir_and_overrides(monkeypatch, assets):
   assert config.train.steps == 6   # the :tiny variant
 
 
+def test_a_shipped_recipe_by_name_from_any_directory(monkeypatch, tmp_path):
+  """--config grpo_arith:tiny (as api.load_config takes it) is the repository's recipe file,
+  with overrides, also when run outside the repository; an unknown name is the usual error."""
+  monkeypatch.chdir(tmp_path)
+  for argv in (['main', '--config', 'grpo_arith:tiny', '--config.optim.lr=1e-3'],
+               ['main', '--config=grpo_arith:tiny', '--config.optim.lr=1e-3']):
+    config, _, _ = main_lib.parse_command_line(argv)
+    want = main_lib.api.load_recipe(os.path.join(REPO, 'configs', 'grpo_arith.py:tiny'))
+    want.optim.lr = 1e-3
+    assert config.to_dict() == want.to_dict()
+  with pytest.raises(main_lib.UsageError, match=r"^config file not found: "
+                     r"'configs/nosuch\.py' \(from --config=nosuch:tiny; relative to "):
+    main_lib.parse_command_line(['main', '--config', 'nosuch:tiny'])
+
+
 def test_optional_keys_the_recipe_leaves_out_are_set_from_the_command_line(monkeypatch,
                                                                              assets):
   """Documented optional keys (config_schema.OPTIONAL_KEYS) that grpo_arith does not set are
