@@ -251,11 +251,12 @@ def test_choose_mesh_prefers_data_parallel_then_shards():
 
 # --- The README ------------------------------------------------------------------------------
 
-def readme_example() -> str:
+def readme_example(index: int = 0) -> str:
+  """The index-th python block of the README's Python API section."""
   with open(os.path.join(REPO, 'README.md'), encoding='utf-8') as f:
     readme = f.read()
   section = readme.split('\n## Python API\n', 1)[1].split('\n## ', 1)[0]
-  return re.search(r'```python\n(.*?)```', section, re.S).group(1)
+  return re.findall(r'```python\n(.*?)```', section, re.S)[index]
 
 
 def test_readme_example_runs_verbatim(tmp_path):
@@ -270,6 +271,22 @@ def test_readme_example_runs_verbatim(tmp_path):
   assert len(samples) == 2 and all(len(group) == 4 for group in samples)
   assert set(evaluated) == {'eval/greedy_acc', 'eval/mean@2_acc'}
   assert os.listdir(tmp_path), 'the run did not go to a temporary workdir'
+
+
+def test_readme_verifier_example_registers_and_validates(tmp_path):
+  """The README's own-verifier block, run as a notebook runs it (no __main__ file): the config
+  validates with the new name, and the verifier scores in a reward worker."""
+  code = ('from rft_jax import api\n' + readme_example(1) +
+          "print(sorted(config.rewards.weights.items()))\n"
+          'from rft_jax.rewards.runner import RewardRunner\n'
+          "with RewardRunner(dict(config.rewards.weights), num_workers=1) as r:\n"
+          "  print(r(['7', '1234'], ['7', '7']).total.tolist())\n")
+  result = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  weights, totals = result.stdout.strip().splitlines()[-2:]
+  assert weights == "[('correct', 1.0), ('short', 0.1)]"
+  assert ast.literal_eval(totals) == pytest.approx([1.1, 0.0])
 
 
 def test_progress_is_live_in_a_terminal_and_in_jupyter_with_ipywidgets(monkeypatch):

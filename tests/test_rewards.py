@@ -2,6 +2,7 @@
 import math
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -77,11 +78,37 @@ def test_runner_rejects_bad_config():
     RewardRunner({'correct': 1.0, 'nosuch': 1.0})
   with pytest.raises(ValueError, match='reserved'):
     RewardRunner({'total': 1.0})
-  # A verifier that cannot be pickled by name fails at construction, not in a worker.
-  verifiers.register_verifier('test_lambda')(lambda c, a: 1.0)
-  with pytest.raises(ValueError, match='module-level'):
-    RewardRunner({'test_lambda': 1.0}, num_workers=2)
-  RewardRunner({'test_lambda': 1.0}, num_workers=0)  # Inline needs no pickling.
+  # A verifier that cannot be sent to a worker fails at construction, not in the worker.
+  lock = threading.Lock()
+  verifiers.register_verifier('test_holds_a_lock')(lambda c, a, _lock=lock: 1.0)
+  with pytest.raises(ValueError, match=r"^verifier 'test_holds_a_lock' cannot be sent to worker "
+                     r"processes \(TypeError: .*\); use num_workers=0"):
+    RewardRunner({'test_holds_a_lock': 1.0}, num_workers=2)
+  RewardRunner({'test_holds_a_lock': 1.0}, num_workers=0)  # Inline needs no pickling.
+
+
+def test_a_lambda_or_closure_verifier_runs_in_a_worker():
+  threshold = 2
+  verifiers.register_verifier('test_lambda')(lambda c, a: float(len(c) > threshold))
+  with RewardRunner({'test_lambda': 1.0}, num_workers=1) as runner:
+    result = runner(['abc', 'a'], ['', ''])
+  assert result.total.tolist() == [1.0, 0.0] and result.errors == {'test_lambda': 0}
+
+
+def test_a_verifier_defined_in_a_notebook_runs_in_a_worker():
+  # A notebook's (or `python -c`'s) __main__ has no file a spawned worker could import: its
+  # functions go by value. They used to kill the workers at start-up ("EOFError").
+  code = ('from rft_jax.rewards.verifiers import register_verifier\n'
+          'from rft_jax.rewards.runner import RewardRunner\n'
+          "@register_verifier('test_in_main')\n"
+          'def in_main(completion, answer):\n'
+          '  return float(completion == answer)\n'
+          "with RewardRunner({'test_in_main': 1.0}, num_workers=2) as r:\n"
+          "  print(r(['1', '2', '3'], ['1', '3', '3']).total.tolist())\n")
+  import subprocess  # pylint: disable=g-import-not-at-top
+  done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.split('\n')[-2] == '[1.0, 0.0, 1.0]', done.stdout
 
 
 def _batch(n=50, seed=0):

@@ -40,6 +40,7 @@ import time
 import weakref
 from typing import Mapping, Sequence
 
+import cloudpickle
 import numpy as np
 
 from rft_jax.rewards import verifiers
@@ -71,8 +72,11 @@ def _address_space_bytes() -> int:
   return 0
 
 
-def _worker_main(conn, fns, memory_mb: int) -> None:
-  """A worker process: scores the chunks its pipe brings until None or the parent goes away."""
+def _worker_main(conn, fns_blob: bytes, memory_mb: int) -> None:
+  """A worker process: scores the chunks its pipe brings until None or the parent goes away.
+  fns_blob: cloudpickle of the runner's [(name, verifier)], loaded (importing the verifiers'
+  modules) before the memory limit, which is on what the verifiers allocate beyond that."""
+  fns = pickle.loads(fns_blob)
   _init_worker(memory_mb)
   conn.send(_READY)
   while True:
@@ -236,13 +240,18 @@ class RewardRunner:
     weakref.finalize(self, _close_workers, self._workers)
     _LIVE_RUNNERS.add(self)
     if self.num_workers:
+      # cloudpickle sends functions of an importable module by name (the worker imports the
+      # module) and the rest by value: a verifier defined in a notebook cell, a lambda, a
+      # closure. Plain pickle could name __main__'s functions but a spawned worker of a
+      # notebook or `python -c` cannot import __main__, and died at start-up.
       for name, fn in self._fns:
         try:
-          pickle.dumps(fn)
+          cloudpickle.dumps(fn)
         except Exception as e:  # pylint: disable=broad-exception-caught
           raise ValueError(
-              f'verifier {name!r} cannot be sent to worker processes ({e}); register a '
-              'module-level function, or use num_workers=0') from None
+              f'verifier {name!r} cannot be sent to worker processes ({type(e).__name__}: '
+              f'{e}); use num_workers=0 to score in this process') from None
+      self._fns_blob = cloudpickle.dumps(self._fns)
 
   @property
   def names(self) -> list[str]:
@@ -262,7 +271,7 @@ class RewardRunner:
     ctx = multiprocessing.get_context('spawn')   # The parent runs JAX threads: no fork.
     for k in missing:
       parent_conn, child_conn = ctx.Pipe()
-      process = ctx.Process(target=_worker_main, args=(child_conn, self._fns, self.memory_mb),
+      process = ctx.Process(target=_worker_main, args=(child_conn, self._fns_blob, self.memory_mb),
                             name=f'reward-worker-{k}')
       process.start()
       child_conn.close()   # Only the child holds its end now: its death reads as EOF here.

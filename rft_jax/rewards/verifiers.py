@@ -4,8 +4,9 @@ A verifier has the signature `fn(completion: str, answer: str) -> float`, where 
 decoded model output (already cut at EOS) and `answer` is the reference answer string. Verifiers
 are registered by name with `@register_verifier('name')` and looked up in `VERIFIERS`.
 
-Verifiers run in worker processes (see `rft_jax.rewards.runner`), so they must be module-level
-functions: the runner pickles them by module path and name, and the worker imports that module.
+Verifiers run in worker processes (see `rft_jax.rewards.runner`), which get them by cloudpickle:
+a function of an importable module by module path and name (the worker imports the module), any
+other (defined in a notebook cell or `__main__`, a lambda, a closure) by value.
 A verifier scores in [0, 1] (the failure monitor flags totals outside the range the weighted
 verifiers can produce: RewardResult.out_of_range_frac). A verifier signals bad input (e.g. a malformed reference answer) by raising; the runner records
 that as an error for the sample instead of scoring it 0.
