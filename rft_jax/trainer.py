@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rft_jax import components, config_rules, evaluation, faults, incidents, rollouts, runs
+from rft_jax import (compile_cache, components, config_rules, evaluation, faults, incidents,
+                     rollouts, runs)
 from rft_jax.algorithms import kl_control, ppo
 from rft_jax.algorithms import step_fns as step_fns_lib
 from rft_jax.algorithms import train_state as ts
@@ -76,6 +77,14 @@ def observe(state: ts.TrainState, metrics: dict, *, mcfg, algo=None, rows: int =
   mstate, alarms = monlib.monitor_update(state.monitor, metrics, mcfg)
   return state.replace(monitor=mstate), alarms
 
+
+
+def make_observe(mcfg, algo, rows: int, shardings, rep):
+  """jit(observe) as a run uses it (tools/bench times this one): state donated, compiled for
+  compile time (compile_cache.light_compile_options)."""
+  return jax.jit(functools.partial(observe, mcfg=mcfg, algo=algo, rows=rows), donate_argnums=0,
+                 out_shardings=(shardings, rep),
+                 compiler_options=compile_cache.light_compile_options())
 
 def run(config, workdir: str, hooks_extra=()) -> dict:
   """Trains config's RL recipe in workdir (resuming if possible). Returns summary.json's dict.
@@ -162,17 +171,17 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   corrupt = jax.jit(faults.corrupt_batch, static_argnames='shift_mask', out_shardings=batch_sh)
   # Credit-assignment signals on the advantages the loss consumes (rft_jax/monitor/credit.py);
   # none for token-level (PPO) advantages.
+  light = compile_cache.light_compile_options()   # small programs: compile time is what counts
   credit_fn = None if ppo.is_ppo(algo) else jax.jit(functools.partial(
-      credit.credit_metrics, group_size=config.rollout.group_size), out_shardings=rep)
+      credit.credit_metrics, group_size=config.rollout.group_size), out_shardings=rep,
+      compiler_options=light)
   primary = credit.primary_verifier(config.rewards.weights)
   hard_it = None
   if any(f['type'] == 'curriculum_switch' for f in injector.faults):
     hard_it = hostdata.GlobalBatches(pipeline.prompt_batches(
         faults.hard_arith_records(c.train_source), c.tokenizer,
         max_prompt_len=config.task.max_prompt_len, seed=config.seed + 1, **share))
-  observe_fn = jax.jit(functools.partial(observe, mcfg=mcfg, algo=algo, rows=rollout_rows),
-                       donate_argnums=0,
-                       out_shardings=(shardings, rep))
+  observe_fn = make_observe(mcfg, algo, rollout_rows, shardings, rep)
   evaluator = evaluation.Evaluator(
       c.graphdef, c.model_cfg, c.tokenizer, components.eval_batch(c, config),
       max_new_tokens=config.rollout.max_new_tokens, k=config.eval.k,

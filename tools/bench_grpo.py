@@ -104,9 +104,7 @@ class RftSide:
     rep = meshlib.replicated(mesh)
     _, _, self.fused = step_fns.make_step_fns(graphdef, self.algo, tx, schedule, shardings,
                                               meshlib.batch_sharding(mesh), rep)
-    self.observe = jax.jit(functools.partial(trainer.observe, mcfg=self.mcfg, algo=self.algo,
-                                             rows=w.rows), donate_argnums=0,
-                           out_shardings=(shardings, rep))
+    self.observe = trainer.make_observe(self.mcfg, self.algo, w.rows, shardings, rep)
     scfg = samplerlib.SamplingConfig(max_new_tokens=w.max_new_tokens, eos_id=wl.EOS_ID,
                                      pad_id=wl.PAD_ID, temperature=1.0)
     self.sampler = samplerlib.make_sampler(graphdef, self.model_cfg, scfg, w.group_size)
