@@ -189,7 +189,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   runner = RewardRunner(dict(config.rewards.weights), timeout_s=config.rewards.timeout_s,
                         num_workers=config.rewards.num_workers,
                         memory_mb=config.rewards.get('memory_mb', 0))
-  runner.start()
+  runner.start(wait=False)   # the workers import while the first step compiles
   rollout_stage = rollouts.RolloutStage(
       config, algo, data_it, c.tokenizer, runner, sampler,
       check=lambda r, s, t: check_rewards(r, config.rewards.get('max_invalid_frac', 1.0), s, t),

@@ -304,13 +304,25 @@ def test_a_runner_never_closed_does_not_hold_up_exit():
       os.kill(pid, 0)
 
 
+def test_workers_started_without_waiting_are_waited_for_by_the_first_call():
+  with RewardRunner({'correct': 1.0}, num_workers=2) as runner:
+    runner.start(wait=False)
+    pids = runner.worker_pids
+    runner.start(wait=False)   # nothing more to start
+    assert len(pids) == 2 and runner.worker_pids == pids
+    result = runner(['1', '2', '3'], ['1', '3', '3'])
+    assert result.total.tolist() == [1.0, 0.0, 1.0] and runner.worker_pids == pids
+
+
 def test_a_script_without_a_main_guard_is_told_why_its_workers_die(tmp_path):
   # spawn imports the main script again in each worker; one that starts the runner at import
   # time fails there, and the parent's error says so instead of only "EOFError".
   script = tmp_path / 'train.py'
   script.write_text('import sys; sys.path.insert(0, sys.argv[1]); import reward_fixtures\n'
                     'from rft_jax.rewards.runner import RewardRunner\n'
-                    "RewardRunner({'correct': 1.0}, num_workers=1).start()\n")
+                    "r = RewardRunner({'correct': 1.0}, num_workers=1)\n"
+                    "r.start(wait=False)\n"   # as the trainer: the error comes at the first call
+                    "r(['1'], ['1'])\n")
   import subprocess  # pylint: disable=g-import-not-at-top
   done = subprocess.run([sys.executable, str(script), _TESTS_DIR], capture_output=True,
                         text=True, timeout=120)

@@ -199,7 +199,7 @@ def first_step(assets: str, w: wl.Workload) -> tuple[dict, RftSide]:
   clock = CompileClock()
   t0 = time.time()
   side = RftSide(w, assets)
-  side.runner.start()
+  side.runner.start(wait=False)   # as trainer.run: the workers import while the step compiles
   t1 = time.time()
   side.step(0, extra=False)
   t2 = time.time()

@@ -235,6 +235,7 @@ class RewardRunner:
     self.memory_mb = int(memory_mb)
     self.workers_replaced = 0  # Workers the safety net killed (stuck) or found dead.
     self._workers: list[_Worker | None] = [None] * self.num_workers   # changed in place only
+    self._starting: set[int] = set()   # workers started without waiting for their answer
     # Workers are not daemons (a verifier may start processes of its own), so a runner dropped
     # without close() must still end them: at garbage collection, or at exit (_close_at_exit).
     weakref.finalize(self, _close_workers, self._workers)
@@ -262,12 +263,12 @@ class RewardRunner:
     """Process ids of the running workers ([] before the first call and after close())."""
     return [w.process.pid for w in self._workers if w is not None]
 
-  def start(self) -> None:
-    """Starts the workers that are not running (all, the first time); returns when each has
-    answered, so process start-up stays out of a call's deadline. No-op when inline."""
+  def start(self, wait: bool = True) -> None:
+    """Starts the workers that are not running (all, the first time). With wait, returns when
+    each has answered, so process start-up stays out of a call's deadline; without, returns at
+    once (the workers import while the caller compiles) and the next call or start() waits for
+    them. No-op when inline."""
     missing = [k for k, w in enumerate(self._workers) if w is None]
-    if not missing:
-      return
     ctx = multiprocessing.get_context('spawn')   # The parent runs JAX threads: no fork.
     for k in missing:
       parent_conn, child_conn = ctx.Pipe()
@@ -276,7 +277,10 @@ class RewardRunner:
       process.start()
       child_conn.close()   # Only the child holds its end now: its death reads as EOF here.
       self._workers[k] = _Worker(process, parent_conn)
-    for k in missing:
+    self._starting.update(missing)
+    if not wait:
+      return
+    for k in sorted(self._starting):
       worker = self._workers[k]
       try:
         if not worker.conn.poll(_STARTUP_TIMEOUT_S):
@@ -288,9 +292,11 @@ class RewardRunner:
         self.close()
         raise RuntimeError(f'reward worker {k} failed to start: {type(e).__name__}: {e} '
                            f'(exit code {worker.process.exitcode}){_start_hint()}') from e
+    self._starting.clear()
 
   def close(self) -> None:
     """Shuts the worker processes down. The runner restarts them if called again."""
+    self._starting.clear()
     _close_workers(self._workers)
 
   def __enter__(self) -> 'RewardRunner':
