@@ -118,7 +118,7 @@ class OnlinePairs:
     self.runner = RewardRunner(dict(config.rewards.weights), timeout_s=config.rewards.timeout_s,
                                num_workers=config.rewards.num_workers,
                                memory_mb=config.rewards.get('memory_mb', 0))
-    self.runner.start()
+    self.runner.start(wait=False)   # the workers import while the first step compiles
 
   def __call__(self, step: int, params) -> tuple[dict, dict]:
     prompts = next(self.data_it)   # the global batch on every process (hostdata.GlobalBatches)
