@@ -241,6 +241,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     config.telemetry.console = False
   if workdir is None:
     workdir = tempfile.mkdtemp(prefix=f'rft_jax-{config.name}-')
+  from rft_jax import compile_cache  # pylint: disable=g-import-not-at-top
+  compile_cache.enable()   # as the CLI: the next train() in this kernel, or a new one, loads
   recorder = Recorder()
   summary = run_config(config, workdir, hooks=[recorder])
   records = recorder.records

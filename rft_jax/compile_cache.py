@@ -13,7 +13,8 @@ DEFAULT_MAX_BYTES = 2 << 30   # LRU-evicted past this when rft_jax picks the dir
 
 
 def enable(cache_dir: str | None = None) -> str | None:
-  """Turns the cache on for this process; call it before anything is compiled.
+  """Turns the cache on for this process (also after JAX has compiled something: the next
+  compile then uses it).
 
   The directory is cache_dir, else $JAX_COMPILATION_CACHE_DIR, else ~/.cache/rft_jax/jax_cache
   (capped at 2 GiB). RFT_JAX_COMPILATION_CACHE=0 leaves JAX's settings alone. Returns the
@@ -22,14 +23,20 @@ def enable(cache_dir: str | None = None) -> str | None:
   if os.environ.get('RFT_JAX_COMPILATION_CACHE', '1') == '0':
     return None
   import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental.compilation_cache import compilation_cache
   path = cache_dir or jax.config.jax_compilation_cache_dir
   if not path:
     path = DEFAULT_DIR
     if jax.config.jax_compilation_cache_max_size < 0:
       jax.config.update('jax_compilation_cache_max_size', DEFAULT_MAX_BYTES)
+  new_dir = jax.config.jax_compilation_cache_dir != path
   jax.config.update('jax_compilation_cache_dir', path)
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+  if new_dir:
+    # JAX opens the cache directory at the first compile that has one and keeps it for the
+    # process: a different directory given after that needs a reset to be used.
+    compilation_cache.reset_cache()
   return path
 
 
