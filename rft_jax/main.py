@@ -144,33 +144,30 @@ def parse_command_line(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, 
   return config, workdir, flag_values.validate_only
 
 
-def _config_argument(argv: list[str]) -> str | None:
-  """The value given to --config (`path.py` or `path.py:arg`), or None."""
+def _config_position(argv: list[str]) -> tuple[int, str] | None:
+  """(index in argv, prefix) of the value given to --config: prefix '--config=' (or '-config=')
+  when flag and value are one argument, '' when the value is the next one; None if absent."""
   for i, arg in enumerate(argv[1:], 1):
-    if arg == '--':
-      break
-    match = re.fullmatch(r'--?config=(.*)', arg)
-    if match:
-      return match.group(1)
-    if arg in ('--config', '-config') and i + 1 < len(argv):
-      return argv[i + 1]
-  return None
-
-
-def _with_config_argument(argv: list[str], spec: str) -> list[str]:
-  """argv with the value of --config replaced by spec."""
-  out = list(argv)
-  for i, arg in enumerate(out[1:], 1):
     if arg == '--':
       break
     match = re.fullmatch(r'(--?config=).*', arg)
     if match:
-      out[i] = match.group(1) + spec
-      return out
-    if arg in ('--config', '-config') and i + 1 < len(out):
-      out[i + 1] = spec
-      return out
-  return out
+      return i, match.group(1)
+    if arg in ('--config', '-config') and i + 1 < len(argv):
+      return i + 1, ''
+  return None
+
+
+def _config_argument(argv: list[str]) -> str | None:
+  """The value given to --config (`path.py` or `path.py:arg`), or None."""
+  position = _config_position(argv)
+  return None if position is None else argv[position[0]][len(position[1]):]
+
+
+def _with_config_argument(argv: list[str], spec: str) -> list[str]:
+  """argv with the value of --config replaced by spec."""
+  i, prefix = _config_position(argv)
+  return argv[:i] + [prefix + spec] + argv[i + 1:]
 
 
 def _workdir_problem(workdir: str) -> str | None:

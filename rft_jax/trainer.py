@@ -78,13 +78,13 @@ def observe(state: ts.TrainState, metrics: dict, *, mcfg, algo=None, rows: int =
   return state.replace(monitor=mstate), alarms
 
 
-
 def make_observe(mcfg, algo, rows: int, shardings, rep):
   """jit(observe) as a run uses it (tools/bench times this one): state donated, compiled for
   compile time (compile_cache.light_compile_options)."""
   return jax.jit(functools.partial(observe, mcfg=mcfg, algo=algo, rows=rows), donate_argnums=0,
                  out_shardings=(shardings, rep),
                  compiler_options=compile_cache.light_compile_options())
+
 
 def run(config, workdir: str, hooks_extra=()) -> dict:
   """Trains config's RL recipe in workdir (resuming if possible). Returns summary.json's dict.

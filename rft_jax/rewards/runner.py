@@ -272,8 +272,8 @@ class RewardRunner:
     ctx = multiprocessing.get_context('spawn')   # The parent runs JAX threads: no fork.
     for k in missing:
       parent_conn, child_conn = ctx.Pipe()
-      process = ctx.Process(target=_worker_main, args=(child_conn, self._fns_blob, self.memory_mb),
-                            name=f'reward-worker-{k}')
+      process = ctx.Process(target=_worker_main, name=f'reward-worker-{k}',
+                            args=(child_conn, self._fns_blob, self.memory_mb))
       process.start()
       child_conn.close()   # Only the child holds its end now: its death reads as EOF here.
       self._workers[k] = _Worker(process, parent_conn)
