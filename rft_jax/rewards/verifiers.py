@@ -7,9 +7,11 @@ are registered by name with `@register_verifier('name')` and looked up in `VERIF
 Verifiers run in worker processes (see `rft_jax.rewards.runner`), which get them by cloudpickle:
 a function of an importable module by module path and name (the worker imports the module), any
 other (defined in a notebook cell or `__main__`, a lambda, a closure) by value.
+
 A verifier scores in [0, 1] (the failure monitor flags totals outside the range the weighted
-verifiers can produce: RewardResult.out_of_range_frac). A verifier signals bad input (e.g. a malformed reference answer) by raising; the runner records
-that as an error for the sample instead of scoring it 0.
+verifiers can produce: RewardResult.out_of_range_frac). A verifier signals bad input (e.g. a
+malformed reference answer) by raising; the runner records that as an error for the sample
+instead of scoring it 0.
 
 Built-in verifiers for the arithmetic task (prompts like "37+48=", answers like "85" or "-33"):
   correct: 1.0 iff the completion is exactly the integer answer (surrounding whitespace allowed).
