@@ -72,11 +72,11 @@ def _address_space_bytes() -> int:
   return 0
 
 
-def _worker_main(conn, fns_blob: bytes, memory_mb: int) -> None:
+def _worker_main(conn, fn_blobs: list[tuple[str, bytes]], memory_mb: int) -> None:
   """A worker process: scores the chunks its pipe brings until None or the parent goes away.
-  fns_blob: cloudpickle of the runner's [(name, verifier)], loaded (importing the verifiers'
-  modules) before the memory limit, which is on what the verifiers allocate beyond that."""
-  fns = pickle.loads(fns_blob)
+  fn_blobs: [(name, cloudpickle of the verifier)], loaded (importing the verifiers' modules)
+  before the memory limit, which is on what the verifiers allocate beyond that."""
+  fns = [(name, pickle.loads(blob)) for name, blob in fn_blobs]
   _init_worker(memory_mb)
   conn.send(_READY)
   while True:
@@ -245,14 +245,14 @@ class RewardRunner:
       # module) and the rest by value: a verifier defined in a notebook cell, a lambda, a
       # closure. Plain pickle could name __main__'s functions but a spawned worker of a
       # notebook or `python -c` cannot import __main__, and died at start-up.
+      self._fn_blobs = []   # [(name, cloudpickle of the verifier)], what each worker gets
       for name, fn in self._fns:
         try:
-          cloudpickle.dumps(fn)
+          self._fn_blobs.append((name, cloudpickle.dumps(fn)))
         except Exception as e:  # pylint: disable=broad-exception-caught
           raise ValueError(
               f'verifier {name!r} cannot be sent to worker processes ({type(e).__name__}: '
               f'{e}); use num_workers=0 to score in this process') from None
-      self._fns_blob = cloudpickle.dumps(self._fns)
 
   @property
   def names(self) -> list[str]:
@@ -269,11 +269,13 @@ class RewardRunner:
     once (the workers import while the caller compiles) and the next call or start() waits for
     them. No-op when inline."""
     missing = [k for k, w in enumerate(self._workers) if w is None]
+    if not missing and not self._starting:   # every call comes here: nothing to do
+      return
     ctx = multiprocessing.get_context('spawn')   # The parent runs JAX threads: no fork.
     for k in missing:
       parent_conn, child_conn = ctx.Pipe()
       process = ctx.Process(target=_worker_main, name=f'reward-worker-{k}',
-                            args=(child_conn, self._fns_blob, self.memory_mb))
+                            args=(child_conn, self._fn_blobs, self.memory_mb))
       process.start()
       child_conn.close()   # Only the child holds its end now: its death reads as EOF here.
       self._workers[k] = _Worker(process, parent_conn)
