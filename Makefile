@@ -26,10 +26,10 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # Bytecode is compiled ahead, not left to the first import: where PYTHONDONTWRITEBYTECODE is set
-# (as on the machines this project is developed and tested on) Python writes no caches, and every process (a run,
-# each test worker and subprocess, each reward worker) compiled ~1,700 modules from source again,
-# ~2.9 s of a 3-step tiny run's 9.6 s. uv compiles the installed packages (pip does by default);
-# compileall the project's own files, only those changed since it last ran.
+# (as on the machines this project is developed and tested on) Python writes no caches, and every
+# process (a run, each test worker and subprocess, each reward worker) compiled ~1,700 modules
+# from source again, ~2.9 s of a 3-step tiny run's 9.6 s. uv compiles the installed packages (pip
+# does by default); compileall the project's own files, only those changed since it last ran.
 setup: $(VENV)/.installed
 	$(PY) -m compileall -q -j 0 rft_jax tools configs tests > /dev/null || true
 
