@@ -6,6 +6,8 @@ import json
 import math
 import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -311,6 +313,39 @@ def test_tensorboard_sink_writes_readable_scalars(tmp_path):
   assert [s for s, _ in scalars['kl']] == [1, 2, 3]
   assert scalars['kl'][1][1] == pytest.approx(0.25)
   assert scalars['eval/greedy_acc'] == [(3, 0.75)]
+
+
+def test_tensorboard_sink_does_not_import_torch_and_torch_still_imports(tmp_path):
+  """tensorboardX would import torch (~1 s) to name it in type hints: the sink refuses that one
+  import only. In a fresh process: scalars written, torch not loaded; then torch imports, and
+  tensorboardX converts a torch tensor (its own lazy import, from a module already loaded)."""
+  logdir = str(tmp_path / 'tb')
+  code = f"""
+import sys
+from rft_jax.telemetry import sinks
+sink = sinks.TensorBoardSink({logdir!r})
+sink.on_step(1, {{'kl': 0.5}})
+sink.close()
+print('torch loaded:', 'torch' in sys.modules)
+import torch
+from tensorboardX import x2num
+print('converted:', x2num.make_np(torch.tensor([2.0, 3.0])).tolist())
+"""
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run([sys.executable, '-c', code], cwd=repo, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=repo), timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.splitlines() == ['torch loaded: False', 'converted: [2.0, 3.0]']
+  assert _read_scalars(logdir)['kl'] == [(1, 0.5)]
+
+
+def test_tensorboard_sink_leaves_an_imported_torch_alone(tmp_path):
+  """In this process torch may already be loaded (the HF tests import it): the sink works
+  either way and leaves no finder behind."""
+  before = list(sys.meta_path)
+  sink = sinks.TensorBoardSink(str(tmp_path / 'tb'))
+  sink.close()
+  assert sys.meta_path == before
 
 
 def test_make_sinks(tmp_path):

@@ -17,12 +17,14 @@ apart, which null would not). `read_jsonl` turns them back into floats.
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import logging
 import math
 import numbers
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -179,6 +181,40 @@ class JsonlSink(Hook):
 # TensorBoard.
 
 
+class _RefuseTorchToTensorboardX:
+  """A meta-path finder that refuses `import torch` when tensorboardX asks, and only then.
+
+  tensorboardX's writer module imports torch where it is installed (Colab, or beside HF
+  transformers) only to name `torch.Tensor` in type hints, and converts a torch tensor with a
+  lazy import of its own; that import took 1.3 s of a tiny run's 6.7 s start here. The finder
+  looks for a tensorboardX frame on the importing thread's stack, so torch stays importable for
+  everyone else, in any thread, at any time.
+  """
+
+  def find_spec(self, name, path=None, target=None):
+    del path, target
+    if name.partition('.')[0] != 'torch':
+      return None
+    frame = sys._getframe(1)   # pylint: disable=protected-access
+    while frame is not None:
+      if frame.f_globals.get('__name__', '').startswith('tensorboardX'):
+        raise ImportError('torch is not imported for tensorboardX (rft_jax.telemetry.sinks)')
+      frame = frame.f_back
+    return None
+
+
+def _summary_writer_class():
+  """tensorboardX.SummaryWriter, imported without torch unless torch is already imported."""
+  if 'tensorboardX' in sys.modules or 'torch' in sys.modules:
+    return importlib.import_module('tensorboardX').SummaryWriter
+  finder = _RefuseTorchToTensorboardX()
+  sys.meta_path.insert(0, finder)
+  try:
+    return importlib.import_module('tensorboardX').SummaryWriter
+  finally:
+    sys.meta_path.remove(finder)
+
+
 class TensorBoardSink(Hook):
   """Writes every numeric metric as a TensorBoard scalar under its own name.
 
@@ -190,7 +226,7 @@ class TensorBoardSink(Hook):
   def __init__(self, logdir: str | os.PathLike, resume_step: int = 0,
                flush_secs: int = 30):
     # Imported here so the console/JSONL sinks work without tensorboardX.
-    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    SummaryWriter = _summary_writer_class()   # pylint: disable=invalid-name
     # NaN and inf are written as they are (TensorBoard plots them). tensorboardX would also log
     # 'NaN or Inf found in input tensor.' for each one without naming the metric; some metrics
     # are NaN by design (the credit correlations of a step where every group's rewards are
