@@ -10,7 +10,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -71,7 +71,7 @@ if ROOT is None:
     jax_build = 'jax[tpu]' if tpu else 'jax[cuda12]' if shutil.which('nvidia-smi') else 'jax'
     subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '-e', ROOT,
                     f'{jax_build}>=0.10,<0.11'], check=True)
-os.chdir(ROOT)   # recipes name their assets relative to the repository root
+os.chdir(ROOT)   # relative paths you give (a workdir like 'runs/x') land in the checkout
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
