@@ -2,6 +2,7 @@
 
 import json
 import os
+import tempfile
 import re
 import socket
 import subprocess
@@ -98,6 +99,16 @@ def test_builder_is_deterministic(data_dir, test_split, tmp_path):
              for d in (data_dir, str(tmp_path))]
     with open(paths[0], 'rb') as f0, open(paths[1], 'rb') as f1:
       assert f0.read() == f1.read(), name
+
+
+def test_preparing_in_a_new_data_dir_leaves_nothing_in_the_temp_dir(monkeypatch, tmp_path):
+  """TFDS's lookup of precomputed metadata on its GCS bucket made an empty temporary
+  directory (tmp*tfds) it never removed, one per dataset prepared in a new data dir."""
+  scratch = tmp_path / 'tmp'
+  scratch.mkdir()
+  monkeypatch.setattr(tempfile, 'tempdir', str(scratch))
+  assert len(arith.load_split('test', str(tmp_path / 'tfds'))) == arith.NUM_TEST
+  assert not [p.name for p in scratch.iterdir() if p.name.endswith('tfds')]
 
 
 def test_data_dir_resolution(monkeypatch, tmp_path):

@@ -128,7 +128,7 @@ class Arith(tfds.core.GeneratorBasedBuilder):
   def _info(self) -> tfds.core.DatasetInfo:
     # Explicit DatasetInfo: this builder lives outside a TFDS package dir, so
     # there is no README/CITATIONS metadata for TFDS to discover.
-    return tfds.core.DatasetInfo(
+    return LocalDatasetInfo(
         builder=self,
         description='Procedural integer arithmetic: prompt "a op b=".',
         features=tfds.features.FeaturesDict({
@@ -151,6 +151,19 @@ class Arith(tfds.core.GeneratorBasedBuilder):
     for pid, p in items:
       yield pid, {'id': pid, 'prompt': p.prompt, 'answer': p.answer,
                   'op': p.op}
+
+
+class LocalDatasetInfo(tfds.core.DatasetInfo):
+  """DatasetInfo of a dataset built here, never on TFDS's GCS bucket.
+
+  TFDS's builder asks the bucket for precomputed metadata whenever the data dir holds none
+  yet, and its `initialize_from_bucket` makes a temporary directory before it finds out that
+  GCS is off: one empty /tmp/tmp*tfds directory left behind per dataset prepared in a new data
+  dir. Nothing of these datasets is on the bucket, so the lookup is skipped.
+  """
+
+  def initialize_from_bucket(self) -> None:
+    return None
 
 
 def resolve_data_dir(data_dir: str = '') -> str:

@@ -57,7 +57,7 @@ class ArithPairs(tfds.core.GeneratorBasedBuilder):
   code_path = None   # downloads nothing: no checksums file to look up
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+    return arith.LocalDatasetInfo(
         builder=self,
         description='Arithmetic preference pairs: correct answer vs a teacher slip.',
         features=tfds.features.FeaturesDict({

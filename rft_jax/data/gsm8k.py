@@ -122,7 +122,7 @@ class Gsm8k(tfds.core.GeneratorBasedBuilder):
   code_path = None   # nothing to download: no checksums file to look for
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+    return arith.LocalDatasetInfo(
         builder=self,
         description='GSM8K grade-school math word problems, from local JSONL files.',
         features=tfds.features.FeaturesDict({
