@@ -339,6 +339,24 @@ print('converted:', x2num.make_np(torch.tensor([2.0, 3.0])).tolist())
   assert _read_scalars(logdir)['kl'] == [(1, 0.5)]
 
 
+def test_a_tensorboardx_that_needs_torch_still_imports(tmp_path):
+  """Should a tensorboardX release import torch unguarded, the sink imports it the usual way
+  (a stand-in package first on the path, in a fresh process)."""
+  fake = tmp_path / 'site' / 'tensorboardX'
+  fake.mkdir(parents=True)
+  (fake / '__init__.py').write_text('import torch\nclass SummaryWriter:\n  pass\n')
+  code = ('import sys; from rft_jax.telemetry import sinks; '
+          'w = sinks._summary_writer_class(); '
+          'print(w.__module__, "torch" in sys.modules)')
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run([sys.executable, '-c', code], cwd=repo, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=f'{tmp_path / "site"}:{repo}'),
+                       timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  module, torch_loaded = out.stdout.split()
+  assert (module, torch_loaded) == ('tensorboardX', 'True')
+
+
 def test_tensorboard_sink_leaves_an_imported_torch_alone(tmp_path):
   """In this process torch may already be loaded (the HF tests import it): the sink works
   either way and leaves no finder behind."""

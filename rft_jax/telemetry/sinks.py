@@ -211,8 +211,11 @@ def _summary_writer_class():
   sys.meta_path.insert(0, finder)
   try:
     return importlib.import_module('tensorboardX').SummaryWriter
+  except ImportError:
+    pass   # a tensorboardX that needs torch after all (or none at all): imported as usual below
   finally:
     sys.meta_path.remove(finder)
+  return importlib.import_module('tensorboardX').SummaryWriter
 
 
 class TensorBoardSink(Hook):
