@@ -115,16 +115,22 @@ def parse_command_line(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, 
   # and the overrides can be checked against the keys it really has.
   loaded = _load_config_file(resolved, origin=spec)
   optional = []   # overrides of optional keys the recipe leaves out: set after absl's parse
-  for arg, key in _overrides(argv):
+  set_after = set()   # their argv positions (and their values' in the `--config.k v` form)
+  for i, arg, key in _overrides(argv):
     if key in config_lib.OPTIONAL_KEYS and not config_lib.has_key(loaded, key):
       if key.split('.')[0] not in loaded:
         raise UsageError(f'config key {key!r} in {arg}: this recipe has no '
                          f'{key.split(".")[0]!r} section')
-      optional.append((arg, key, _optional_value(arg, key)))
+      with_value = arg
+      if ('=' not in arg and config_lib.SCHEMA[key.split('.')[0]][key.split('.')[1]] is not bool
+          and i + 1 < len(argv)):   # `--config.k v`, as absl takes it for the recipe's keys
+        with_value = f'{arg}={argv[i + 1]}'
+        set_after.add(i + 1)
+      optional.append((arg, key, _optional_value(with_value, key)))
+      set_after.add(i)
       continue
     _check_override_key(loaded, key, arg)
-  set_after = {arg for arg, _, _ in optional}
-  argv = [a for a in argv if a not in set_after]
+  argv = [a for j, a in enumerate(argv) if j not in set_after]
 
   flag_values = _define_flags(argv)
   try:
@@ -191,15 +197,16 @@ def _load_config_file(spec: str, origin: str) -> ml_collections.ConfigDict:
     raise UsageError(str(e)) from None
 
 
-def _overrides(argv: list[str]) -> list[tuple[str, str]]:
-  """(argument, dotted key) for each `--config.a.b=v` (or `--noconfig.a.b`) in argv."""
+def _overrides(argv: list[str]) -> list[tuple[int, str, str]]:
+  """(position in argv, argument, dotted key) for each `--config.a.b[=v]` (or
+  `--noconfig.a.b`) in argv."""
   found = []
-  for arg in argv[1:]:
+  for i, arg in enumerate(argv[1:], start=1):
     if arg == '--':
       break
     match = re.match(r'-{1,2}(?:no)?config\.([^=]*)', arg)
     if match:
-      found.append((arg, match.group(1)))
+      found.append((i, arg, match.group(1)))
   return found
 
 

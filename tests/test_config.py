@@ -395,6 +395,12 @@ def test_optional_keys_the_recipe_leaves_out_are_set_from_the_command_line(monke
   assert config.algo.overlong == 'soft' and config.algo.score_chunks == 4
   assert config.optim.lr == 0.5
   config_lib.validate(config)
+  # `--config.k v`, as absl takes it for the recipe's own keys; a bool flag takes no value.
+  spaced, _, _ = main_lib.parse_command_line(
+      base + ['--config.algo.dynamic_sampling', '--config.algo.tis_cap', '3',
+              '--config.algo.overlong', 'soft', '--config.optim.lr', '0.25'])
+  assert spaced.algo.tis_cap == 3.0 and spaced.algo.dynamic_sampling is True
+  assert spaced.algo.overlong == 'soft' and spaced.optim.lr == 0.25
   for arg, message in [
       ('--config.algo.tis_cap=abc', 'config.algo.tis_cap takes a float value'),
       ('--config.algo.shared_prompt=maybe', 'config.algo.shared_prompt takes a bool value'),
