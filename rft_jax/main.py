@@ -118,12 +118,12 @@ def parse_command_line(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, 
   set_after = set()   # their argv positions (and their values' in the `--config.k v` form)
   for i, arg, key in _overrides(argv):
     if key in config_lib.OPTIONAL_KEYS and not config_lib.has_key(loaded, key):
-      if key.split('.')[0] not in loaded:
-        raise UsageError(f'config key {key!r} in {arg}: this recipe has no '
-                         f'{key.split(".")[0]!r} section')
+      section, name = key.split('.')
+      if section not in loaded:
+        raise UsageError(f'config key {key!r} in {arg}: this recipe has no {section!r} section')
       with_value = arg
-      if ('=' not in arg and config_lib.SCHEMA[key.split('.')[0]][key.split('.')[1]] is not bool
-          and i + 1 < len(argv)):   # `--config.k v`, as absl takes it for the recipe's keys
+      if '=' not in arg and config_lib.SCHEMA[section][name] is not bool and i + 1 < len(argv):
+        # `--config.k v`, as absl takes it for the recipe's own keys
         with_value = f'{arg}={argv[i + 1]}'
         set_after.add(i + 1)
       optional.append((arg, key, _optional_value(with_value, key)))
