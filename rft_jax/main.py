@@ -126,7 +126,7 @@ def parse_command_line(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, 
         # `--config.k v`, as absl takes it for the recipe's own keys
         with_value = f'{arg}={argv[i + 1]}'
         set_after.add(i + 1)
-      optional.append((arg, key, _optional_value(with_value, key)))
+      optional.append((key, _optional_value(with_value, key)))
       set_after.add(i)
       continue
     _check_override_key(loaded, key, arg)
@@ -137,7 +137,7 @@ def parse_command_line(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, 
     rest = flag_values(argv)
     config = flag_values.config
     with config.unlocked():
-      for _, key, value in optional:
+      for key, value in optional:
         section, name = key.split('.')
         config[section][name] = value
   except flags.Error as e:
