@@ -19,6 +19,8 @@ from rft_jax.telemetry import hooks as hooks_lib
 from rft_jax.telemetry import plot as plot_lib
 from rft_jax.telemetry import sinks
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def _metrics(step):
   return {'reward/mean': 0.1 * step, 'reward/std': 0.05, 'kl': 0.001 * step,
@@ -331,9 +333,8 @@ import torch
 from tensorboardX import x2num
 print('converted:', x2num.make_np(torch.tensor([2.0, 3.0])).tolist())
 """
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  out = subprocess.run([sys.executable, '-c', code], cwd=repo, capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=repo), timeout=120)
+  out = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=REPO), timeout=120)
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.splitlines() == ['torch loaded: False', 'converted: [2.0, 3.0]']
   assert _read_scalars(logdir)['kl'] == [(1, 0.5)]
@@ -348,9 +349,8 @@ def test_a_tensorboardx_that_needs_torch_still_imports(tmp_path):
   code = ('import sys; from rft_jax.telemetry import sinks; '
           'w = sinks._summary_writer_class(); '
           'print(w.__module__, "torch" in sys.modules)')
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  out = subprocess.run([sys.executable, '-c', code], cwd=repo, capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=f'{tmp_path / "site"}:{repo}'),
+  out = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=f'{tmp_path / "site"}:{REPO}'),
                        timeout=120)
   assert out.returncode == 0, out.stderr[-2000:]
   module, torch_loaded = out.stdout.split()
