@@ -1,5 +1,6 @@
-r"""REINFORCE++ on the arithmetic task: rewards normalised over the whole batch (no group
-baseline), KL penalty in the reward, PPO-clip loss (Hu 2025, arXiv:2501.03262).
+r"""REINFORCE++ on the arithmetic task: no group baseline, the KL penalty in the reward per token
+(each token's return is the reward minus the KL from it to the end), returns whitened over the
+whole batch's tokens, PPO-clip loss (Hu 2025, arXiv:2501.03262; OpenRLHF's 'reinforce').
 
   python -m rft_jax.main --config configs/reinforce_pp_arith.py --workdir runs/reinforce_pp_arith
 
@@ -17,11 +18,13 @@ VARIANTS = grpo_arith.VARIANTS
 def get_config(arg: str = ''):
   config = grpo_arith.get_config(arg)
   config.name = 'reinforce_pp_arith'
-  config.algo.advantage = 'reinforce_pp'   # A = (r - mean_batch r) / std_batch r
-  config.algo.loss = 'ppo_clip'
+  config.algo.advantage = 'reinforce_pp'   # A_t = whitened over the batch's tokens of
+  config.algo.loss = 'ppo_clip'            #   G_t = r - kl_coef * sum_{i >= t} KL_i
   config.algo.loss_agg = 'token_mean'
-  config.algo.kl_in_reward = True          # per-token KL summed into each sequence's reward
+  config.algo.kl_in_reward = True          # KL per token, as a return to go (the paper's form)
   config.algo.kl_estimator = 'k3'          # the paper's is the log-ratio 'k1'; k3 is >= 0 and
-                                           # keeps the monitored 'kl' signal non-negative
+                                           # keeps the monitored 'kl' signal non-negative, but as
+                                           # a reward its expected gradient is not KL's gradient
+                                           # (k1's is): a biased penalty, not only a noisier one
   config.algo.kl_coef = 0.01
   return config

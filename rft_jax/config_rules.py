@@ -11,8 +11,8 @@ import ml_collections
 
 from rft_jax.config_schema import (
     CRITIC_ADVANTAGES, CRITIC_MODES, DPO_LOSS_TYPES, DPO_MODES, DPO_OFFLINE_KEYS,
-    DPO_PAIR_SOURCES, DTYPES, DUAL_CLIP_LOSSES, GROUP_FREE_ADVANTAGES, KL_CTRLS, KL_ESTIMATORS,
-    OVERLONG_MODES, SCHEMA, ConfigError, did_you_mean, lookup)
+    DPO_PAIR_SOURCES, DTYPES, DUAL_CLIP_LOSSES, DYNAMIC_SAMPLING_METRICS, GROUP_FREE_ADVANTAGES,
+    KL_CTRLS, KL_ESTIMATORS, OVERLONG_MODES, SCHEMA, ConfigError, did_you_mean, lookup)
 
 
 def is_online_dpo(config: ml_collections.ConfigDict) -> bool:
@@ -92,6 +92,8 @@ RL_RULES: list[Rule] = [
     _at_least('algo.entropy_coef', 0),
     ('algo.max_len', lambda v: v >= 0, 'must be >= 0 (0 = rollout.max_new_tokens)'),
     _at_least('algo.max_sampling_rounds', 1),
+    ('algo.dynamic_sampling_metric', lambda v: v in DYNAMIC_SAMPLING_METRICS,
+     f'must be one of {", ".join(map(repr, DYNAMIC_SAMPLING_METRICS))}'),
     ('algo.overlong', lambda v: v in OVERLONG_MODES,
      f'must be one of {", ".join(map(repr, OVERLONG_MODES))}'),
     ('algo.overlong_cache', lambda v: v >= 0,

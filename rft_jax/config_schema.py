@@ -50,7 +50,8 @@ SCHEMA: dict[str, Any] = {
         'kl_in_reward': bool, 'max_len': int,
         # DAPO extras and mismatch correction (optional; rft_jax/algorithms/corrections.py,
         # dynamic_sampling.py; score_chunks: grpo.score_logprobs):
-        'dynamic_sampling': bool, 'max_sampling_rounds': int, 'overlong': str,
+        'dynamic_sampling': bool, 'max_sampling_rounds': int, 'dynamic_sampling_metric': str,
+        'overlong': str,
         'overlong_cache': int, 'tis_cap': float, 'score_chunks': int,
         'shared_prompt': bool,   # models/functional.forward_completions
         # KL coefficient control (optional; rft_jax/algorithms/kl_control.py):
@@ -101,9 +102,11 @@ OPTIONAL_KEYS = frozenset({
     # entropy_coef 0, kl_in_reward False, max_len 0 = rollout.max_new_tokens)
     'algo.clip_eps_low', 'algo.clip_eps_high', 'algo.clip_c', 'algo.entropy_coef',
     'algo.kl_in_reward', 'algo.max_len',
-    # dynamic_sampling False, max_sampling_rounds 4, overlong 'none', overlong_cache 0 =
-    # max(1, max_new_tokens // 5), tis_cap 0 = off, score_chunks 0 = algo.microbatches
-    'algo.dynamic_sampling', 'algo.max_sampling_rounds', 'algo.overlong', 'algo.overlong_cache',
+    # dynamic_sampling False, max_sampling_rounds 4, dynamic_sampling_metric 'accuracy',
+    # overlong 'none', overlong_cache 0 = max(1, max_new_tokens // 5), tis_cap 0 = off,
+    # score_chunks 0 = algo.microbatches
+    'algo.dynamic_sampling', 'algo.max_sampling_rounds', 'algo.dynamic_sampling_metric',
+    'algo.overlong', 'algo.overlong_cache',
     'algo.tis_cap', 'algo.score_chunks',
     # shared_prompt True: each group's prompt scored once (off by itself with model.remat/scan)
     'algo.shared_prompt',
@@ -133,6 +136,7 @@ KL_ESTIMATORS = ('k1', 'k2', 'k3')   # as in rft_jax.algorithms.losses.kl_penalt
 # so that this check runs without importing JAX.
 GROUP_FREE_ADVANTAGES = ('reinforce_pp',)
 DUAL_CLIP_LOSSES = ('ppo_clip', 'gspo')   # losses that implement algo.clip_c
+DYNAMIC_SAMPLING_METRICS = ('accuracy', 'reward')   # rft_jax/rollouts.py
 OVERLONG_MODES = ('none', 'mask', 'soft')   # as rft_jax/algorithms/corrections.OVERLONG_MODES
 KL_CTRLS = ('fixed', 'adaptive')   # as rft_jax/algorithms/kl_control.KL_CTRLS
 # Advantage estimators that need a critic (not registry entries: they read values, not just

@@ -6,7 +6,9 @@ scores them, and applies the soft overlong punishment (algo.overlong == 'soft').
 algo.dynamic_sampling a step is exactly one round and its arrays go to the train step as they
 are. With it, rounds repeat until the step holds rollout.prompts_per_step informative groups (or
 algo.max_sampling_rounds rounds), and the batch is gathered from the picked groups (see
-rft_jax/algorithms/dynamic_sampling.py). Every draw advances the data iterator, whose state is
+rft_jax/algorithms/dynamic_sampling.py). A group is informative when its accuracy varies (the
+verifier with the largest reward weight; DAPO eq. 11), or with algo.dynamic_sampling_metric =
+'reward' when its total reward does (format bonus and overlong penalty included). Every draw advances the data iterator, whose state is
 checkpointed after the step, and every key is a function of (seed, step, round): resume is exact.
 """
 import dataclasses
@@ -140,8 +142,9 @@ class RolloutStage:
     def draw(round_):
       payload, secs = self._round(params, step, round_, temperature)
       reward_s[0] += secs
-      return payload, ds.informative_groups(payload['total'], payload['rewards'].valid,
-                                            self.group_size)
+      x = ds.filter_signal(payload['total'], payload['rewards'].per_verifier,
+                           self.algo.dynamic_sampling_metric, self.config.rewards.weights)
+      return payload, ds.informative_groups(x, payload['rewards'].valid, self.group_size)
 
     if not self.algo.dynamic_sampling:
       p, _ = draw(0)

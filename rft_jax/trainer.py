@@ -33,6 +33,7 @@ from rft_jax.monitor.detectors import MonitorConfig
 from rft_jax.monitor.remediation import Controls, Remediator
 from rft_jax.parallel import hostdata
 from rft_jax.parallel import mesh as meshlib
+from rft_jax.rewards import verifiers
 from rft_jax.rewards.runner import RewardRunner
 from rft_jax.sampling.sampler import SamplingConfig, make_sampler
 from rft_jax.scaling import live as scaling_live
@@ -174,8 +175,8 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   light = compile_cache.light_compile_options()   # small programs: compile time is what counts
   credit_fn = None if ppo.is_ppo(algo) else jax.jit(functools.partial(
       credit.credit_metrics, group_size=config.rollout.group_size), out_shardings=rep,
-      compiler_options=light)
-  primary = credit.primary_verifier(config.rewards.weights)
+      static_argnames='first',      compiler_options=light)
+  primary = verifiers.primary_verifier(config.rewards.weights)
   hard_it = None
   if any(f['type'] == 'curriculum_switch' for f in injector.faults):
     hard_it = hostdata.GlobalBatches(pipeline.prompt_batches(
@@ -235,7 +236,8 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
       if credit_fn is not None:   # on the advantages the train step consumed (after any fault)
         correct_b = got.rewards.per_verifier.get(primary, got.rewards_b)
         metrics.update(credit_fn(adv_b, rewards_d,
-                                 to_device(np.asarray(correct_b, np.float32)), valid_d))
+                                 to_device(np.asarray(correct_b, np.float32)), valid_d,
+                                 first=rollout.prompt_tokens_bp.shape[1] - 1))
       reward_metrics = {**got.rewards.metrics(), **got.metrics,
                         'invariant/reward_out_of_range':
                             got.rewards.out_of_range_frac(config.rewards.weights)}

@@ -89,6 +89,25 @@ def ref_reinforce_pp_baseline(r, v, g):
   return [(c - m) / (s + EPS) if ok else 0.0 for c, ok in zip(centred, v)]
 
 
+def ref_token_returns(score, valid, mask, kl, kl_coef):
+  """REINFORCE++'s token advantages by loops: G_t = s - kl_coef * sum_{i >= t} kl_i on the loss
+  tokens of valid rows, whitened over all those tokens (population std)."""
+  returns = {}
+  for b in range(len(score)):
+    if not valid[b]:
+      continue
+    tail = 0.0
+    for t in reversed(range(len(mask[b]))):
+      if mask[b][t]:
+        tail += kl[b][t]
+        returns[b, t] = score[b] - kl_coef * tail
+  m, s = _mean_std(list(returns.values()))
+  out = np.zeros(np.shape(mask))
+  for (b, t), g_bt in returns.items():
+    out[b, t] = (g_bt - m) / (s + EPS)
+  return out
+
+
 REFERENCES = {
     'grpo': ref_grpo, 'dr_grpo': functools.partial(ref_grpo, scale=False),
     'grpo_batch_norm': ref_grpo_batch_norm, 'rloo': ref_rloo, 'reinforce_pp': ref_reinforce_pp,
@@ -123,6 +142,39 @@ def test_advantage_hand_values():
   np.testing.assert_allclose(rpp, [0.75 / (s + EPS)] + [-0.25 / (s + EPS)] * 3, rtol=1e-6)
 
 
+def test_reinforce_pp_charges_each_token_the_kl_after_it():
+  # Two completions of 3 tokens, reward 1 each, KL 0.5 on row 0's first and row 1's last token.
+  # Returns to go: row 0 [0.5, 1, 1], row 1 [0.5, 0.5, 0.5]; over the 6 tokens mean 2/3 and
+  # std sqrt(1/18), so A = [-1/sqrt(2), sqrt(2), sqrt(2)] and [-1/sqrt(2)] * 3. The sequence-sum
+  # form (r - 0.5 for both rows) would give every token 0.
+  kl = jnp.array([[0.5, 0.0, 0.0], [0.0, 0.0, 0.5]])
+  adv = registry.get_advantage('reinforce_pp')(jnp.ones(2), jnp.ones(2, bool), 1,
+                                               mask_bl=jnp.ones((2, 3)), kl_bl=kl, kl_coef=1.0)
+  r2 = math.sqrt(2)
+  np.testing.assert_allclose(adv, [[-1 / r2, r2, r2], [-1 / r2] * 3], rtol=1e-5)
+
+
+@pytest.mark.parametrize('name', ['reinforce_pp', 'reinforce_pp_baseline'])
+@pytest.mark.parametrize('with_kl', [False, True])
+def test_reinforce_pp_token_advantages_match_python_loop(name, with_kl):
+  rng = np.random.default_rng(3)
+  n_rows, length = len(REWARDS), 7
+  lengths = rng.integers(0, length - 2, n_rows)
+  mask = ((np.arange(length)[None] >= 2) & (np.arange(length)[None] < 2 + lengths[:, None]))
+  kl = rng.random((n_rows, length)) * 0.3 if with_kl else None
+  got = np.asarray(registry.get_advantage(name)(
+      jnp.asarray(REWARDS), jnp.asarray(VALID), G, mask_bl=jnp.asarray(mask, jnp.float32),
+      kl_bl=None if kl is None else jnp.asarray(kl, jnp.float32), kl_coef=0.7))
+  score = REWARDS.astype(np.float64)
+  if name == 'reinforce_pp_baseline':
+    score = np.asarray(ref_grpo(score, VALID, G, scale=False))
+  want = ref_token_returns(score, VALID, mask, np.zeros(mask.shape) if kl is None else kl, 0.7)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  assert np.abs(got).max() > 0.1 and np.all(got[~mask] == 0.0)
+  if not with_kl:   # each row's tokens share one value; longer rows weigh more in mean and std
+    assert all(np.ptp(got[b][mask[b]]) < 1e-6 for b in range(n_rows) if mask[b].any())
+
+
 def test_rloo_baseline_excludes_the_sample_itself():
   rng = np.random.RandomState(0)
   r = rng.randn(8).astype(np.float32)
@@ -142,14 +194,19 @@ def test_rloo_baseline_excludes_the_sample_itself():
 
 def test_estimator_traits_match_config_and_group_means():
   r, v = jnp.asarray(REWARDS), jnp.asarray(VALID)
+  # Token-level estimators get completions of 1-6 tokens (no KL: one value per row, at token 0).
+  lengths = np.random.default_rng(4).integers(1, 7, len(REWARDS))
+  mask = jnp.asarray(np.arange(6)[None] < lengths[:, None], jnp.float32)
   for name in registry.names()['advantage']:
     fn = registry.get_advantage(name)
     assert (fn.min_group_size == 1) == (name in config_lib.GROUP_FREE_ADVANTAGES), name
-    mean_g, _, _ = adv_lib.group_stats(fn(r, v, G), v, G)
+    adv = fn(r, v, G, mask_bl=mask)[:, 0] if fn.token_level else fn(r, v, G)
+    mean_g, _, _ = adv_lib.group_stats(adv, v, G)
     if fn.zero_group_mean:
       assert np.abs(np.asarray(mean_g)).max() < 1e-5, name
     else:
-      assert np.abs(np.asarray(mean_g)).max() > 0.1, name   # the trait is not vacuous
+      # the trait is not vacuous (REINFORCE++-baseline's token-weighted batch mean: ~0.01 here)
+      assert np.abs(np.asarray(mean_g)).max() > 1e-3, name
 
 
 def ref_gae(r, val, m, gamma, lam):
@@ -489,7 +546,9 @@ def test_kl_in_reward_and_batch_baseline(tiny):
   d = np.asarray(batch['ref_logp'], np.float64) - np.asarray(batch['old_logp'], np.float64)
   seq_kl = ((np.exp(d) - d - 1) * lm).sum(-1)                       # k3 summed per sequence
   assert seq_kl[:6].min() > 1e-4              # not vacuous (row 6 is empty, row 7 invalid)
-  want = ref_reinforce_pp(np.asarray(rewards, np.float64) - 0.5 * seq_kl, np.asarray(valid), 2)
+  kl = (np.exp(d) - d - 1) * lm                                     # k3 per token
+  want = ref_token_returns(np.asarray(rewards, np.float64), np.asarray(valid), lm, kl, 0.5)
+  assert batch['adv'].shape == lm.shape   # per token: the KL as a return to go
   np.testing.assert_allclose(batch['adv'], want, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(metrics['kl_reward/seq_kl'], seq_kl[:7].mean(), rtol=1e-4)
   # A batch baseline has no zero group mean: the monitor's invariant is left out, not violated.

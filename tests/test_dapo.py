@@ -130,6 +130,26 @@ def test_group_filter_matches_python_reference():
   np.testing.assert_array_equal(ds.informative_groups(r, v, 2), [True, False, False, False])
 
 
+def test_groups_are_kept_on_accuracy_by_default():
+  # DAPO recipe shape: correct 1.0 + format 0.1, soft overlong penalty (Lmax 6, cache 2). An
+  # all-wrong group of lengths 4, 4, 5, 6 totals [0.1, 0.1, -0.4, -0.9]: it varies, but its
+  # accuracy does not, so DAPO's filter (eq. 11) drops it; 'reward' keeps it.
+  pen = corrections.overlong_penalty(np.array([4, 4, 5, 6]), 6, 2)
+  np.testing.assert_allclose(pen, [0.0, 0.0, -0.5, -1.0])
+  correct = np.zeros(4, np.float32)
+  total = (1.0 * correct + 0.1 * np.ones(4) + pen).astype(np.float32)
+  per_verifier = {'correct': correct, 'format': np.ones(4, np.float32)}
+  weights = {'correct': 1.0, 'format': 0.1}
+  valid = np.ones(4, bool)
+  keep = lambda metric: ds.informative_groups(
+      ds.filter_signal(total, per_verifier, metric, weights), valid, 4)
+  assert keep('accuracy').tolist() == [False] and keep('reward').tolist() == [True]
+  correct[1] = 1.0   # one right answer: informative either way
+  total[1] += 1.0
+  assert keep('accuracy').tolist() == [True] and keep('reward').tolist() == [True]
+  assert grpo.GRPOConfig.from_config(dapo_arith.get_config()).dynamic_sampling_metric == 'accuracy'
+
+
 def test_select_groups_fills_with_informative_first_then_pads():
   flags = [np.array([True, False, False]), np.array([False, True, True])]
   picks, padded = ds.select_groups(flags, 3)
@@ -265,6 +285,8 @@ def test_tis_weight_multiplies_the_policy_gradient_loss(tiny_rollout):
     ('overlong_cache', 7, 'config.algo.overlong_cache=7: must be <= rollout.max_new_tokens=6'),
     ('score_chunks', 3, 'config.algo.score_chunks=3: must divide the rollout batch'),
     ('dynamic_sampling', 1, 'config.algo.dynamic_sampling=1: expected bool, got int'),
+    ('dynamic_sampling_metric', 'acc',
+     "config.algo.dynamic_sampling_metric='acc': must be one of 'accuracy', 'reward'"),
 ])
 def test_dapo_option_errors(key, value, message):
   config = dapo_arith.get_config()

@@ -13,6 +13,7 @@ from rft_jax.monitor import credit
 from rft_jax.monitor import signatures as sigs
 from rft_jax.monitor import synthetic
 from rft_jax.monitor.detectors import MonitorConfig
+from rft_jax.rewards import verifiers
 from rft_jax.monitor.monitor import run_monitor
 
 CFG = MonitorConfig()
@@ -82,8 +83,28 @@ def test_every_group_estimator_agrees_with_its_reward_exactly(estimator):
 def test_token_level_advantages_are_skipped():
   assert credit.credit_metrics(jnp.zeros((8, 5)), jnp.zeros(8), jnp.zeros(8),
                                jnp.ones(8, bool), group_size=G) == {}
-  assert credit.primary_verifier({'correct': 1.0, 'format': 0.1}) == 'correct'
-  assert credit.primary_verifier({}) is None
+
+
+def test_token_returns_are_read_at_the_first_completion_token():
+  # REINFORCE++ with the KL in the reward per token: adv [B, L]. Its first completion token
+  # (column 2 here) carries the sequence's whole return, which follows the reward within a group.
+  rng = np.random.default_rng(2)
+  reward = (rng.random(8 * G) < 0.5).astype(np.float32)
+  valid = rng.random(8 * G) > 0.1
+  mask = np.zeros((8 * G, 6), np.float32)
+  mask[:, 2:2 + 3] = 1.0
+  kl = jnp.asarray(rng.random((8 * G, 6)) * 0.01, jnp.float32)
+  adv = advantages.reinforce_pp_baseline(jnp.asarray(reward), jnp.asarray(valid), G,
+                                         mask_bl=jnp.asarray(mask), kl_bl=kl, kl_coef=1.0)
+  args = (jnp.asarray(reward), jnp.asarray(reward), jnp.asarray(valid))
+  m = credit.credit_metrics(adv, *args, group_size=G, first=2)
+  assert int(m['credit/adv_reward_groups']) > 0
+  assert float(m['invariant/adv_reward_disagreement']) < 1e-3   # KL reorders nothing here
+  flip = np.repeat(np.arange(8) % 2 == 0, G)[:, None]
+  m = credit.credit_metrics(jnp.where(flip, -adv, adv), *args, group_size=G, first=2)
+  assert float(m['invariant/adv_reward_disagreement']) > 0.3
+  assert verifiers.primary_verifier({'correct': 1.0, 'format': 0.1}) == 'correct'
+  assert verifiers.primary_verifier({}) is None
 
 
 def _fired(trace):

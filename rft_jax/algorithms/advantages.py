@@ -96,30 +96,63 @@ def rloo(rewards_b, valid_b, group_size: int):
   return jnp.where(valid_b & (count_b > 1.5), rewards_b - baseline_b, 0.0)
 
 
-@register_advantage('reinforce_pp', min_group_size=1, zero_group_mean=False)
-def reinforce_pp(rewards_b, valid_b, group_size: int, *, eps: float = 1e-6):
-  """REINFORCE++ (Hu 2025) for outcome rewards: global batch normalisation, no group baseline.
+def whiten_token_returns(score_b, valid_b, mask_bl=None, kl_bl=None, kl_coef=0.0,
+                         eps: float = 1e-6):
+  """REINFORCE++'s advantage (Hu 2025, arXiv:2501.03262; OpenRLHF's 'reinforce'): the return of
+  each completion token, whitened over all the batch's loss tokens.
 
-  A_i = (r_i - mean_batch(r)) / (std_batch(r) + eps) over the valid rows. Works with G = 1.
-  group_size is unused (kept for the common signature). [B] -> [B].
+    G_bt = s_b - kl_coef * sum_{i >= t} m_bi * kl_bi     return to go (gamma = 1): the score
+                                                          s_b at EOS, -kl_coef * KL_i per token
+    A_bt = m_bt * (G_bt - mean_m(G)) / (std_m(G) + eps)   mean and std over tokens with m = 1
+
+  so a token is charged only for the KL of itself and the tokens after it, and a longer
+  completion weighs more in the batch statistics. score_b, valid_b: [B]; mask_bl: [B, L] loss
+  mask (0 on prompt and padding positions; rows with valid_b False are masked out here);
+  kl_bl: [B, L] per-token KL estimate, or None for no KL term. Returns adv_bl [B, L].
+  Without mask_bl every row is one token: adv_b [B], the row-level whitening
+  (s_b - mean_B(s)) / (std_B(s) + eps) over the valid rows.
+  """
+  rows_only = mask_bl is None
+  if rows_only:
+    mask_bl, kl_bl = jnp.ones_like(score_b)[:, None], None
+  m_bl = mask_bl.astype(score_b.dtype) * valid_b[:, None]
+  g_bl = jnp.broadcast_to(score_b[:, None], m_bl.shape)
+  if kl_bl is not None:
+    kl_m = kl_bl.astype(score_b.dtype) * m_bl
+    g_bl = g_bl - kl_coef * jnp.flip(jnp.cumsum(jnp.flip(kl_m, -1), -1), -1)
+  n = jnp.maximum(m_bl.sum(), 1.0)
+  mean = (g_bl * m_bl).sum() / n
+  std = jnp.sqrt((((g_bl - mean) ** 2) * m_bl).sum() / n)
+  adv_bl = jnp.where(m_bl > 0, _scale(g_bl - mean, std, eps), 0.0)
+  return adv_bl[:, 0] if rows_only else adv_bl
+
+
+@register_advantage('reinforce_pp', min_group_size=1, zero_group_mean=False, token_level=True)
+def reinforce_pp(rewards_b, valid_b, group_size: int, *, mask_bl=None, kl_bl=None,
+                 kl_coef=0.0, eps: float = 1e-6):
+  """REINFORCE++ (Hu 2025) for outcome rewards: no group baseline, global normalisation.
+
+  whiten_token_returns with s_b = r_b: with the loss mask (as the train step calls it) the
+  token-level advantage [B, L]; without it (each row one token) A_i = (r_i - mean_B(r)) /
+  (std_B(r) + eps) over the valid rows [B]. Works with G = 1; group_size is unused.
   """
   del group_size
-  mean, std = batch_stats(rewards_b, valid_b)
-  return jnp.where(valid_b, _scale(rewards_b - mean, std, eps), 0.0)
+  return whiten_token_returns(rewards_b, valid_b, mask_bl, kl_bl, kl_coef, eps)
 
 
-@register_advantage('reinforce_pp_baseline')
-def reinforce_pp_baseline(rewards_b, valid_b, group_size: int, *, eps: float = 1e-6):
+@register_advantage('reinforce_pp_baseline', zero_group_mean=False, token_level=True)
+def reinforce_pp_baseline(rewards_b, valid_b, group_size: int, *, mask_bl=None, kl_bl=None,
+                          kl_coef=0.0, eps: float = 1e-6):
   """REINFORCE++-baseline (Hu 2025): subtract the group mean, then whiten over the batch.
 
-  a_i = r_i - mean(r_group);  A_i = (a_i - mean_batch(a)) / (std_batch(a) + eps).
-  Unlike grpo_batch_norm the std is that of the centred a (within-group spread only);
-  mean_batch(a) is 0 up to rounding. [B] -> [B].
+  whiten_token_returns with s_b = r_b - mean(r_group). Without the loss mask (each row one
+  token): A_i = (a_i - mean_B(a)) / (std_B(a) + eps), a_i = r_i - mean(r_group), [B]; with it
+  the token-level advantage [B, L], whose batch mean is taken over tokens, so a group's
+  advantages no longer sum to 0 (the monitor's zero-group-mean invariant does not apply).
   """
   mean_b, _, _ = group_stats(rewards_b, valid_b, group_size)
   a_b = jnp.where(valid_b, rewards_b - mean_b, 0.0)
-  mean, std = batch_stats(a_b, valid_b)
-  return jnp.where(valid_b, _scale(a_b - mean, std, eps), 0.0)
+  return whiten_token_returns(a_b, valid_b, mask_bl, kl_bl, kl_coef, eps)
 
 
 def gae(rewards_bt, values_bt, mask_bt, gamma: float, lam: float):

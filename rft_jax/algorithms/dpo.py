@@ -8,7 +8,8 @@ completions under the policy (logp_c, logp_r) and the frozen reference (ref_c, r
   sigmoid (DPO, Rafailov et al. 2023), with label smoothing eps (cDPO, Mitchell 2023):
       loss = -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)
   ipo (Azar et al. 2023):      loss = (h - 1 / (2 beta))^2
-  hinge (SLiC, Zhao et al. 2023):  loss = max(0, 1 - beta h)
+  hinge (RSO, Liu et al. 2023):    loss = max(0, 1 - beta h)   (SLiC's hinge, Zhao et al. 2023,
+                                   on the reference-normalised margin; TRL's 'hinge')
 
 Returns (loss_b [B], stats) with per-pair stats (TRL's names):
   rewards/chosen = beta (logp_c - ref_c), rewards/rejected = beta (logp_r - ref_r),

@@ -17,6 +17,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from rft_jax.rewards import verifiers
+
 
 def informative_groups(rewards_b, valid_b, group_size: int) -> np.ndarray:
   """bool [B / G]: the group has >= 2 valid rows and their rewards are not all equal.
@@ -28,6 +30,19 @@ def informative_groups(rewards_b, valid_b, group_size: int) -> np.ndarray:
   hi = np.where(v, r, -np.inf).max(-1)
   lo = np.where(v, r, np.inf).min(-1)
   return (v.sum(-1) >= 2) & (hi > lo)
+
+
+def filter_signal(total_b, per_verifier: dict, metric: str, weights) -> np.ndarray:
+  """What must vary within a group for it to be kept -> [B].
+
+  metric 'accuracy': the values of the verifier with the largest reward weight (the task's
+  correctness check): DAPO keeps a group when 0 < #correct < G (eq. 11), so a group of wrong
+  answers that differ only in a format bonus or the overlong penalty is dropped. 'reward': the
+  total reward the estimator gets (verifiers' weighted sum plus any overlong penalty).
+  """
+  if metric == 'reward':
+    return np.asarray(total_b)
+  return np.asarray(per_verifier[verifiers.primary_verifier(weights)])
 
 
 def select_groups(informative: list, num_groups: int) -> tuple[list, int]:

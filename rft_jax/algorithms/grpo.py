@@ -10,7 +10,9 @@ Sequence layout. A rollout row is the left-padded prompt (P slots) followed by t
       loss = agg(pg_loss(logp, old_logp, adv)) + kl_coef * agg(kl(logp, ref_logp))
              - entropy_coef * agg(entropy)
   With algo.kl_in_reward the KL is instead subtracted from each sequence's reward before the
-  advantages: r_i <- r_i - kl_coef * sum_t kl(old_logp_it, ref_logp_it), and the loss has no KL.
+  advantages: r_i <- r_i - kl_coef * sum_t kl(old_logp_it, ref_logp_it), and the loss has no KL;
+  a token-level estimator (REINFORCE++) takes it per token instead, as a return to go:
+  adv_bl [B, L] (advantages.whiten_token_returns).
   With algo.tis_cap = C > 0 the policy-gradient term of each token is multiplied by
   w = sg(min(exp(old_logp - sampler_logp), C)) (truncated importance sampling; corrections.py);
   algo.overlong == 'mask' drops truncated completions from the loss.
@@ -47,7 +49,7 @@ class GRPOConfig:
   clip_eps_high: float | None = None
   clip_c: float = 0.0           # dual-clip constant c > 1 (Ye et al. 2020); 0 = off
   entropy_coef: float = 0.0     # entropy bonus: loss -= entropy_coef * agg(entropy)
-  kl_in_reward: bool = False    # KL penalty in the reward (per sequence) instead of the loss
+  kl_in_reward: bool = False    # KL penalty in the reward (per sequence; per token for REINFORCE++)
   max_len: int = 0              # seq_mean_token_sum_norm's constant; from_config: max_new_tokens
   score_chunks: int = 0         # row chunks of the scoring forward passes; 0 = microbatches
   overlong: str = 'none'        # 'none' | 'mask' | 'soft' (DAPO; see corrections.py)
@@ -55,6 +57,9 @@ class GRPOConfig:
   tis_cap: float = 0.0          # truncated importance sampling cap C; 0 = off (corrections.py)
   dynamic_sampling: bool = False   # host-side (rft_jax/rollouts.py): drop zero-spread groups
   max_sampling_rounds: int = 4     # ... and refill from at most this many prompt batches
+  dynamic_sampling_metric: str = 'accuracy'   # what must vary within a kept group: 'accuracy'
+  # (the verifier with the largest reward weight; DAPO eq. 11) or 'reward' (the total the
+  # estimator gets, format bonus and overlong penalty included)
   kl_ctrl: str = 'fixed'        # 'fixed' | 'adaptive' KL coefficient (kl_control.py)
   kl_target: float = 0.1        # adaptive: the KL the controller steers towards
   kl_horizon: float = 10000.0   # adaptive: horizon in sequences (verl's default)
@@ -207,25 +212,31 @@ def assemble_batch(rollout: Rollout, old_logp_bl, ref_logp_bl, rewards_b, valid_
     loss_mask_bl = corrections.overlong_loss_mask(loss_mask_bl, rollout.truncated_b)
   estimator = registry.get_advantage(algo.advantage)
   metrics = {}
-  adv_rewards_b = rewards_b
+  adv_rewards_b, kl_bl, kl_coef = rewards_b, None, algo.kl_coef if kl_coef is None else kl_coef
   if algo.kl_in_reward and algo.use_reference and algo.kl_coef:
-    kl_b = (kl_penalty(old_logp_bl, ref_logp_bl, algo.kl_estimator) * loss_mask_bl).sum(-1)
-    kl_coef = algo.kl_coef if kl_coef is None else kl_coef
+    kl_bl = kl_penalty(old_logp_bl, ref_logp_bl, algo.kl_estimator) * loss_mask_bl
+    kl_b = kl_bl.sum(-1)
     adv_rewards_b = rewards_b - kl_coef * kl_b
     metrics['kl_reward/seq_kl'] = masked_mean(kl_b, valid_b)
     metrics['kl_reward/penalty'] = kl_coef * metrics['kl_reward/seq_kl']
-  adv_b = estimator(adv_rewards_b, valid_b, algo.group_size)
+  if estimator.token_level:   # [B, L]: the KL per token, as a return to go
+    adv = estimator(rewards_b, valid_b, algo.group_size, mask_bl=loss_mask_bl, kl_bl=kl_bl,
+                    kl_coef=kl_coef)
+    weight = loss_mask_bl   # the advantage metrics: over loss tokens
+  else:                       # [B]: the sequence's KL taken off its reward
+    adv = estimator(adv_rewards_b, valid_b, algo.group_size)
+    weight = valid_b
   batch = {'tokens': tokens_bs, 'mask': mask_bs, 'loss_mask': loss_mask_bl,
-           'old_logp': old_logp_bl, 'ref_logp': ref_logp_bl, 'adv': adv_b}
+           'old_logp': old_logp_bl, 'ref_logp': ref_logp_bl, 'adv': adv}
   metrics.update(rollout_metrics(rewards_b, valid_b, rollout.mask_bt, rollout.truncated_b,
                                  algo.group_size))
-  metrics['adv/mean'] = masked_mean(adv_b, valid_b)
-  metrics['adv/abs_mean'] = masked_mean(jnp.abs(adv_b), valid_b)
-  metrics['adv/std'] = jnp.sqrt(masked_mean((adv_b - metrics['adv/mean']) ** 2, valid_b))
-  metrics['adv/pos_frac'] = masked_mean((adv_b > 0).astype(jnp.float32), valid_b)
-  metrics['adv/neg_frac'] = masked_mean((adv_b < 0).astype(jnp.float32), valid_b)
+  metrics['adv/mean'] = masked_mean(adv, weight)
+  metrics['adv/abs_mean'] = masked_mean(jnp.abs(adv), weight)
+  metrics['adv/std'] = jnp.sqrt(masked_mean((adv - metrics['adv/mean']) ** 2, weight))
+  metrics['adv/pos_frac'] = masked_mean((adv > 0).astype(jnp.float32), weight)
+  metrics['adv/neg_frac'] = masked_mean((adv < 0).astype(jnp.float32), weight)
   if estimator.zero_group_mean:   # e.g. not reinforce_pp (batch baseline): no invariant to check
-    adv_mean_g, _, _ = group_stats(adv_b, valid_b, algo.group_size)
+    adv_mean_g, _, _ = group_stats(adv, valid_b, algo.group_size)
     metrics['invariant/group_adv_mean_max'] = jnp.max(jnp.abs(adv_mean_g))
   p = rollout.prompt_tokens_bp.shape[1]
   metrics['invariant/prompt_loss_tokens'] = loss_mask_bl[:, :p - 1].sum()

@@ -19,15 +19,20 @@ def _register(table: dict, kind: str, name: str):
   return wrap
 
 
-def register_advantage(name: str, *, min_group_size: int = 2, zero_group_mean: bool = True):
+def register_advantage(name: str, *, min_group_size: int = 2, zero_group_mean: bool = True,
+                       token_level: bool = False):
   """Registers an estimator `(rewards_b, valid_b, group_size, **options) -> adv_b`.
 
   min_group_size: the smallest rollout.group_size it is meaningful for (2: a group baseline).
   zero_group_mean: every group's advantages sum to 0 (then prepare_batch reports the monitor's
   'invariant/group_adv_mean_max'; otherwise that key is left out, as it does not apply).
+  token_level: it also takes `mask_bl=` (the loss mask [B, L]), `kl_bl=` (per-token KL [B, L] or
+  None) and `kl_coef=`, and then returns adv_bl [B, L]: the batch assembly gives it the KL in the
+  reward per token instead of subtracting the sequence's sum from r_b.
   """
   def wrap(fn):
     fn.min_group_size, fn.zero_group_mean = min_group_size, zero_group_mean
+    fn.token_level = token_level
     return _register(ADVANTAGES, 'advantage estimator', name)(fn)
   return wrap
 

@@ -26,9 +26,12 @@ reorder rows of equal correctness, never (in a sane recipe) against it. It drops
 the estimator sees no longer follows the verifier: rewards attached to the wrong rows, noise or
 sign flips in the reward pipeline, a shaping term that outweighs correctness.
 
-Token-level advantages (PPO/GAE: adv [B, L]) are skipped (no metrics): there the advantage of a
-token is return - value with a learned, initially poor critic, and its correlation with the
-sequence's correctness is not near 1 by construction.
+Token-level advantages of REINFORCE++ (adv [B, L], the KL in the reward as a return to go) are
+read at each row's first completion token (`first`), whose return is the whole sequence's: the
+score minus kl_coef times the sequence's KL, the row-level quantity above. PPO's (GAE) are
+skipped (no metrics; the trainer does not call this for PPO): there the advantage of a token is
+return - value with a learned, initially poor critic, and its correlation with the sequence's
+correctness is not near 1 by construction.
 """
 from __future__ import annotations
 
@@ -58,10 +61,14 @@ def group_corr(a_b, x_b, valid_b, group_size: int):
   return mean.astype(f32), count
 
 
-def credit_metrics(adv, rewards_b, correct_b, valid_b, *, group_size: int) -> dict:
-  """The credit-assignment metrics of one step (see module doc); {} for token-level advantages
-  or a group size below 2. adv: [B] as the loss uses it; rewards_b: [B] the rewards the
+def credit_metrics(adv, rewards_b, correct_b, valid_b, *, group_size: int,
+                   first: int | None = None) -> dict:
+  """The credit-assignment metrics of one step (see module doc); {} for a group size below 2 and
+  for token-level advantages without `first`. adv: [B] or [B, L] as the loss uses it, read at
+  column `first` (the first completion token) when [B, L]; rewards_b: [B] the rewards the
   estimator received; correct_b: [B] the primary verifier's values (NaN where it failed)."""
+  if adv.ndim == 2 and first is not None:
+    adv = adv[:, first]
   if adv.ndim != 1 or group_size < 2:
     return {}
   out = {}
@@ -72,8 +79,3 @@ def credit_metrics(adv, rewards_b, correct_b, valid_b, *, group_size: int) -> di
     out[f'invariant/adv_{ref}_disagreement'] = (1.0 - corr) / 2.0
   return out
 
-
-def primary_verifier(weights) -> str | None:
-  """The verifier with the largest reward weight (the task's correctness check), or None."""
-  weights = {k: float(v) for k, v in dict(weights).items()}
-  return max(weights, key=weights.get) if weights else None

@@ -24,6 +24,13 @@ Verifier = Callable[[str, str], float]
 
 VERIFIERS: dict[str, Verifier] = {}
 
+
+def primary_verifier(weights) -> str | None:
+  """The verifier with the largest reward weight (the task's correctness check), or None."""
+  weights = {k: float(v) for k, v in dict(weights).items()}
+  return max(weights, key=weights.get) if weights else None
+
+
 # A bare ASCII integer with an optional minus sign. `[0-9]`, not `\d`: `\d` also matches
 # non-ASCII digits such as '٨', which `int()` would happily accept.
 _INT_RE = re.compile(r'-?[0-9]+')
