@@ -13,7 +13,8 @@ Checkpointer opens a directory it verifies every checkpoint against its manifest
 missing, truncated or altered file is moved to `<dir>.quarantine/<step>` and reported, never
 loaded. One without a manifest (older rft_jax, or the process died between orbax's rename and the
 manifest) is complete per orbax and used, reported as unverified; if restoring it fails, the
-caller quarantines it and falls back to the previous one (rft_jax/runs.py). Old checkpoints are
+caller quarantines it and falls back to the previous one (rft_jax/runs.py). A verified one that
+fails to restore is intact, so it is the config that differs: the caller refuses to start. Old checkpoints are
 deleted by renaming them to `<step>.deleting` first, so a deletion cut short is never mistaken
 for a checkpoint. Retention (`keep`) counts verified checkpoints only: an older one is removed
 only after a newer one is verified.
@@ -152,6 +153,10 @@ class Checkpointer:
     if hasattr(self, '_manager'):
       self._manager.reload()
 
+  def verified(self, step: int) -> bool:
+    """Whether checkpoint `step` has a manifest (it passed verification when opened)."""
+    return os.path.exists(os.path.join(self.directory, str(step), MANIFEST))
+
   def latest_step(self) -> int | None:
     steps = self.all_steps()
     return steps[-1] if steps else None
@@ -267,6 +272,13 @@ class Checkpointer:
     shapes = lambda tree: sorted(tuple(x.shape) for x in jax.tree.leaves(tree))
     misfits = [n for n in wanted if n in RESETTABLE_FIELDS
                and shapes(saved[n]) != shapes(getattr(like_state, n))]
+    for n in wanted:   # checked before orbax starts reading (its failed reads log pages of noise)
+      saved_n, mine_n = shapes(saved[n]), shapes(getattr(like_state, n))
+      if n not in RESETTABLE_FIELDS and saved_n != mine_n:
+        only_saved = [s for s in saved_n if s not in mine_n]
+        only_mine = [s for s in mine_n if s not in saved_n]
+        raise ValueError(f'its {n} arrays have other shapes than this config builds (saved '
+                         f'{only_saved[:1] or saved_n[:1]}, here {only_mine[:1] or mine_n[:1]})')
     why = 'array shapes differ'
     attempts = [[n for n in wanted if n not in misfits],
                 [n for n in wanted if n not in RESETTABLE_FIELDS]]

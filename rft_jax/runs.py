@@ -1,5 +1,7 @@
 """A run's workdir lifecycle, shared by the RL and SFT loops: create or resume, summarise, close.
 
+  workdir/config.json           the config the run started with; a later invocation must share
+                                its recipe, model and algorithm (check_workdir_config)
   workdir/checkpoints/<step>/   orbax: train state, data-iterator state, run metadata
   workdir/metrics.jsonl         one line per step / eval / message / incident
   workdir/tb/                   TensorBoard events
@@ -120,6 +122,71 @@ def make_summary(config, base_eval: dict, final_eval: dict, steps: int, wall_s: 
   }
 
 
+RUN_CONFIG = 'config.json'
+# What the workdir's checkpoints are shaped by, so a resume must keep it: the recipe, the model
+# (but not its compute options) and the algorithm's state-defining choices. Everything else
+# (train.steps, the learning rate, telemetry, the monitor) may change between invocations.
+_RUN_IDENTITY = ('name', 'model.', 'algo.advantage', 'algo.loss', 'algo.critic')
+_MODEL_COMPUTE_KEYS = ('model.dtype', 'model.remat', 'model.scan_layers')
+
+
+def _config_json(config) -> dict:
+  """config.to_dict() as JSON holds it (values JSON cannot hold become strings)."""
+  return json.loads(json.dumps(config.to_dict(), default=str))
+
+
+def _flat(d: dict, prefix: str = '') -> dict:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f'{prefix}{k}.'))
+    else:
+      out[f'{prefix}{k}'] = v
+  return out
+
+
+def check_workdir_config(config, workdir: str) -> None:
+  """Refuses to continue a workdir that another recipe, model or algorithm wrote (then
+  record_workdir_config records the config of a run that opened).
+
+  workdir/config.json is written when a run first opens the workdir (JSON of config.to_dict();
+  values JSON cannot hold are written as strings). A later invocation whose recipe name, model
+  section (except dtype, remat, scan_layers) or algo.advantage/loss/critic differ raises
+  SetupError naming the first differing key, before any checkpoint is touched: restoring would
+  fail on shapes (and used to set good checkpoints aside as unusable) or silently continue one
+  algorithm's run with another's. A workdir without config.json (written by an older rft_jax) is
+  not checked and gets one.
+  """
+  path = os.path.join(workdir, RUN_CONFIG)
+  if os.path.isfile(path):
+    try:
+      with open(path, encoding='utf-8') as f:
+        theirs = _flat(json.load(f))
+    except (OSError, ValueError) as e:
+      raise components.SetupError(f'{path}: unreadable ({type(e).__name__}: {e}); it records '
+                                  'the config this workdir was started with') from None
+    flat = _flat(_config_json(config))
+    for key in sorted(set(flat) | set(theirs), key=lambda k: (k != 'name', k)):   # name first
+      if not key.startswith(_RUN_IDENTITY) or key in _MODEL_COMPUTE_KEYS:
+        continue
+      if flat.get(key) != theirs.get(key):
+        raise components.SetupError(
+            f'config.{key}={flat.get(key)!r} does not match the run in {workdir} '
+            f'({theirs.get(key)!r} in its {RUN_CONFIG}): resume it with the config that started '
+            'it, or use a new --workdir')
+
+
+def record_workdir_config(config, workdir: str) -> None:
+  """Writes workdir/config.json if it is not there (see check_workdir_config)."""
+  path = os.path.join(workdir, RUN_CONFIG)
+  if jax.process_index() == 0 and not os.path.isfile(path):
+    os.makedirs(workdir, exist_ok=True)
+    tmp = path + '.tmp'
+    with open(tmp, 'w', encoding='utf-8') as f:
+      json.dump(_config_json(config), f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
 def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra=(),
              console_keys=sinks.DEFAULT_CONSOLE_KEYS, controls=None, monitor=None, extra=None):
   """Creates or resumes a run -> (state, state shardings, checkpointer, meta, hooks, start step).
@@ -129,6 +196,7 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
   extra: (fields, shardings), two dicts of further TrainState fields (e.g. PPO's critic, the
   adaptive KL state: rft_jax/algorithms/ppo.py extra_state), already placed; checkpointed too.
   """
+  check_workdir_config(config, workdir)
   shardings = state_shardings(c, tx, controls, monitor)
   state = init_state(c.params, tx, shardings, controls, monitor)
   if extra is not None:
@@ -142,11 +210,18 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
           start, state, shardings, like_reference=c.params,
           reference_shardings=c.param_shardings)
     except Exception as e:  # pylint: disable=broad-exception-caught
-      ckpt.quarantine(start, f'restore failed: {type(e).__name__}: {str(e).splitlines()[0]}')
+      reason = f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'
+      if ckpt.verified(start):   # its files are intact, so it is this config that differs
+        ckpt.close()
+        raise components.SetupError(
+            f'checkpoint {start} in {workdir} does not fit this config ({reason}); resume with '
+            'the config that wrote it, or use a new --workdir') from None
+      ckpt.quarantine(start, f'restore failed: {reason}')
       meta, start = {}, 0
       continue
     data_it.set_state(data_state)
     break
+  record_workdir_config(config, workdir)
   primary = jax.process_index() == 0   # with several processes only process 0 logs
   hooks = sinks.HookList() if not primary else sinks.make_sinks(
       workdir, console=config.telemetry.console, jsonl=config.telemetry.jsonl,

@@ -13,6 +13,7 @@ from rft_jax.telemetry.sinks import read_jsonl
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 30
+GROUP_STEPS = 200   # long enough that SIGTERM finds the run still going
 
 
 def command(workdir):
@@ -27,8 +28,16 @@ def train_rows(workdir):
   return {r['step']: r for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'), kind='train')}
 
 
-def sigterm_after_three_steps(cmd, workdir, env) -> str:
-  """Starts cmd, sends SIGTERM once it has logged 3 steps, checks exit status 75; -> stderr."""
+def children(pid: int) -> list[int]:
+  with open(f'/proc/{pid}/task/{pid}/children') as f:
+    return [int(c) for c in f.read().split()]
+
+
+def sigterm_after_three_steps(cmd, workdir, env, children_first: bool = False) -> str:
+  """Starts cmd, sends SIGTERM once it has logged 3 steps, checks exit status 75; -> stderr.
+  children_first: SIGTERM its child processes (the reward workers) 2 s before it, as when
+  `timeout`, SLURM's scancel or systemd signal the whole process group and the workers act
+  first."""
   proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True)
   deadline = time.time() + 240
@@ -37,6 +46,12 @@ def sigterm_after_three_steps(cmd, workdir, env) -> str:
       break
     time.sleep(0.2)
   assert proc.poll() is None, proc.communicate()
+  if children_first:
+    workers = children(proc.pid)
+    assert len(workers) >= 2, workers
+    for pid in workers:
+      os.kill(pid, signal.SIGTERM)
+    time.sleep(2.0)   # steps go on meanwhile: they need the workers
   proc.send_signal(signal.SIGTERM)
   _, err = proc.communicate(timeout=120)
   assert proc.returncode == 75, err
@@ -65,6 +80,19 @@ def test_sigterm_checkpoints_exits_75_and_resumes_exactly(tmp_path):
     for key in ('reward/mean', 'loss', 'kl', 'entropy', 'grad_norm'):
       np.testing.assert_allclose(a[step][key], b[step][key], rtol=1e-6, atol=1e-8,
                                  err_msg=f'{key} at step {step}')
+
+
+def test_sigterm_to_the_process_group_spares_the_reward_workers(tmp_path):
+  """The reward workers get the group's SIGTERM too; they ignore it, so the steps go on, the
+  run checkpoints and exits 75 (it used to end as a reward failure: workers died, exit 1)."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
+  workdir = str(tmp_path / 'group')
+  swap = {'--config.rewards.num_workers=0': '--config.rewards.num_workers=2',
+          f'--config.train.steps={STEPS}': f'--config.train.steps={GROUP_STEPS}'}
+  cmd = [swap.get(a, a) for a in command(workdir)]
+  err = sigterm_after_three_steps(cmd, workdir, env, children_first=True)
+  assert err.strip().splitlines()[-1].startswith('stopped: SIGTERM at step'), err
+  assert 'reward' not in err, err
 
 
 def test_sigterm_to_one_process_stops_all_after_the_same_step(tmp_path):

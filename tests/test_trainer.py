@@ -185,3 +185,31 @@ def test_resume_skips_a_checkpoint_that_fails_to_restore(tmp_path):
   assert 'resumed from checkpoint at step 2' in messages
   assert sorted(train_rows(workdir)) == [1, 2, 3, 4, 5, 6]
   assert len(os.listdir(os.path.join(workdir, 'checkpoints.quarantine'))) == 1
+
+
+def test_a_workdir_refuses_another_recipe_or_model_and_keeps_its_checkpoints(tmp_path):
+  """config.json records the run's config: another recipe or model is a one-line SetupError
+  before any checkpoint is touched; train.steps and compute options may change. Without
+  config.json (an older workdir) a checkpoint that restores with the wrong shapes is reported
+  as not fitting this config, never set aside as unusable."""
+  from configs import ppo_arith   # pylint: disable=g-import-not-at-top
+  from rft_jax import components   # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path)
+  trainer.run(tiny_config(**{'train.steps': 2, 'train.ckpt_every': 2}), workdir)
+  with open(os.path.join(workdir, 'config.json')) as f:
+    assert json.load(f)['name'] == 'grpo_arith'
+  ppo = ppo_arith.get_config('tiny')
+  with pytest.raises(components.SetupError, match=r"^config.name='ppo_arith' does not match the "
+                     r"run in .* \('grpo_arith' in its config.json\)"):
+    trainer.run(ppo, workdir)
+  wider = tiny_config(**{'train.steps': 3, 'model.intermediate_size': 96, 'init_from': ''})
+  with pytest.raises(components.SetupError, match=r'^config.model.intermediate_size=96 does not'):
+    trainer.run(wider, workdir)
+  os.remove(os.path.join(workdir, 'config.json'))   # as an older rft_jax left it
+  with pytest.raises(components.SetupError, match=r'^checkpoint 2 in .* does not fit this config'):
+    trainer.run(wider, workdir)
+  assert os.listdir(os.path.join(workdir, 'checkpoints')) == ['2']
+  assert not os.path.exists(os.path.join(workdir, 'checkpoints.quarantine'))
+  trainer.run(tiny_config(**{'train.steps': 3, 'train.ckpt_every': 3, 'model.remat': 'full'}),
+              workdir)   # longer, with a compute option changed: resumes
+  assert sorted(train_rows(workdir)) == [1, 2, 3]

@@ -54,8 +54,12 @@ _READY = 'ready'
 
 
 def _init_worker(memory_mb: int = 0):
-  # Ctrl-C goes to the whole process group; the parent decides what happens to the workers.
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  # Ctrl-C, and SIGTERM from `timeout`, SLURM's scancel or systemd, go to the whole process
+  # group: the parent decides what happens to the workers. It finishes the step (which needs
+  # them), checkpoints and ends them; were they to die first, the step would read as a reward
+  # failure. A worker whose parent is gone reads EOF on its pipe and exits.
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, signal.SIG_IGN)
   if memory_mb:   # address space the verifiers may add on top of the worker's own
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     soft = _address_space_bytes() + memory_mb * 2**20
