@@ -55,6 +55,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for name in required:
     if name not in config:
       raise ConfigError(name, f'missing section; a {kind} recipe needs it')
+  rules.check_finite(config)
 
   ranges = rules.COMMON_RULES + (rules.SFT_RULES if is_sft(config) else
                                  rules.dpo_rules(config) if is_dpo(config) else rules.RL_RULES)

@@ -4,6 +4,7 @@ A Rule is (dotted key, predicate, requirement): the value at the key must satisf
 else ConfigError says the requirement. The _check_* functions test what one key alone cannot.
 No JAX import: these run before anything heavy is loaded.
 """
+import math
 import os
 from typing import Any, Callable
 
@@ -125,7 +126,18 @@ RL_RULES: list[Rule] = [
 SFT_RULES: list[Rule] = [
     _at_least('sft.batch_size', 1),
     _at_least('sft.answer_len', 1),
+    ('sft.teacher_error_rate', lambda v: 0 <= v <= 1, 'must be in [0, 1] (a fraction of answers)'),
 ]
+
+
+def check_finite(config: ml_collections.ConfigDict, prefix: str = '') -> None:
+  """Every float in the config (nested sections, reward weights) is finite: an inf learning
+  rate passes 'lr > 0' and makes the warm-up's 0 * inf a NaN; a NaN weight scores NaN rewards."""
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      check_finite(value, f'{prefix}{key}.')
+    elif isinstance(value, float) and not math.isfinite(value):
+      raise ConfigError(f'{prefix}{key}', 'must be a finite number', value)
 
 
 # --- Constraints between keys ----------------------------------------------------------------

@@ -186,6 +186,21 @@ def test_impossible_value(grpo, key, value):
   assert str(error).startswith(f'config.{key}={value!r}: ')
 
 
+@pytest.mark.parametrize('key', ['optim.lr', 'algo.kl_coef', 'rollout.temperature',
+                                 'rewards.weights.correct'])
+@pytest.mark.parametrize('value', [float('inf'), float('nan')])
+def test_non_finite_values_are_refused(grpo, key, value):
+  _replace(grpo, key, value)
+  error = _error(grpo)
+  assert error.key == key and '\n' not in str(error)
+  assert str(error).startswith(f'config.{key}={value!r}: must be a finite number')
+
+
+def test_sft_teacher_error_rate_is_a_fraction(sft):
+  sft.sft.teacher_error_rate = 1.5
+  assert str(_error(sft)).startswith('config.sft.teacher_error_rate=1.5: must be in [0, 1]')
+
+
 def test_edge_values_are_allowed(grpo):
   grpo.rollout.temperature = 0.0
   grpo.rollout.top_p = 1.0

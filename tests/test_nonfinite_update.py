@@ -38,3 +38,16 @@ def test_nan_and_inf_gradients_leave_the_state_unchanged():
   assert float(stats['update_skipped']) == 0.0
   for a, b in zip(jax.tree.leaves(after_skip.params), jax.tree.leaves(direct.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_non_finite_update_from_finite_gradients_is_skipped_too():
+  """lr_scale = inf (or an inf learning rate, whose warm-up gives 0 * inf = NaN): the gradient is
+  finite but the update is not; it used to be applied, turning every parameter into NaN."""
+  state, tx, schedule = _setup()
+  state = state.replace(controls={'lr_scale': jnp.float32(jnp.inf)})
+  good = {'w': jnp.full((2, 3), 0.5), 'b': jnp.full(3, -0.25)}
+  new, stats = ts.apply_gradients(state, good, tx, schedule)
+  assert np.isfinite(float(stats['grad_norm'])) and float(stats['update_skipped']) == 1.0
+  for a, b in zip(jax.tree.leaves((new.params, new.opt_state)),
+                  jax.tree.leaves((state.params, state.opt_state))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
