@@ -230,7 +230,8 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       stopping = stop.agreed()
       if step % config.train.ckpt_every == 0 or last or stopping:
         meta['wall_s'] = wall_before + time.time() - t_start
-        runs.save_checkpoint(config, ckpt, step, state, data_it.get_state(), meta, hooks)
+        runs.save_checkpoint(config, ckpt, step, state, data_it.get_state(), meta, hooks,
+                             stopping=stopping)
       if stopping and not last:
         runs.preempt(stop, step, hooks, ckpt, workdir)
   finally:

@@ -76,6 +76,12 @@ def main(argv: Sequence[str]) -> int:
   except runs.TrainingError as e:
     print(f'error: {_one_line(str(e))}', file=sys.stderr)
     return 1
+  except OSError as e:   # e.g. a full disk while logging (a failed checkpoint save is handled)
+    where = f': {e.filename}' if e.filename else ''
+    print(f'error: {e.strerror or _one_line(str(e))}{where}; the run stopped with its last good '
+          f'checkpoint kept in {workdir}; fix that and run the same command to resume',
+          file=sys.stderr)
+    return 1
   except runs.Preempted as e:
     print(f'stopped: {_one_line(str(e))}', file=sys.stderr)
     return PREEMPTED

@@ -241,9 +241,11 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
 
 
 def save_checkpoint(config, ckpt: Checkpointer, step: int, state, data_state: dict, meta: dict,
-                    hooks, reference=None) -> bool:
+                    hooks, reference=None, stopping: bool = False) -> bool:
   """Saves a checkpoint; on failure (full disk, I/O error) keeps training if at least
-  config.train.min_good_checkpoints (default 1) verified checkpoints exist, else stops.
+  config.train.min_good_checkpoints (default 1) verified checkpoints exist, else stops. The
+  final step's checkpoint (or the one a stop request writes) must be saved: without it the
+  trained policy is not on disk, so its failure stops the run with an error.
 
   Returns whether the checkpoint was written. Raises TrainingError when the run must stop.
   """
@@ -252,6 +254,12 @@ def save_checkpoint(config, ckpt: Checkpointer, step: int, state, data_state: di
     return True
   except CheckpointSaveError as e:
     good, need = ckpt.all_steps(), config.train.get('min_good_checkpoints', 1)
+    if step >= config.train.steps or stopping:
+      kept = f'step {good[-1]}' if good else 'none'
+      raise TrainingError(
+          f'the {"final" if step >= config.train.steps else "stop"} checkpoint (step {step}) was '
+          f'not saved: {e}; the policy trained up to it is not on disk (latest good checkpoint: '
+          f'{kept}); free space and run the same command to resume from there') from None
     if len(good) >= need:
       latest = f', the latest at step {good[-1]}' if good else ''
       hooks.on_message(f'checkpoint at step {step} NOT saved: {e}; training goes on with '

@@ -309,7 +309,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
         meta['wall_s'] = wall_before + time.time() - t_start
         meta['remediator'] = remediator.state_dict()
         runs.save_checkpoint(config, ckpt, step, state, data_it.get_state(), meta, hooks,
-                             reference=reset_ref)
+                             reference=reset_ref, stopping=stopping)
       if stopping and not last:
         runs.preempt(stop, step, hooks, ckpt, workdir)
   finally:

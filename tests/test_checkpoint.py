@@ -257,7 +257,7 @@ class _Messages:
 
 def test_failed_save_policy_goes_on_with_a_good_checkpoint_else_stops(tmp_path, monkeypatch):
   from rft_jax import runs  # pylint: disable=g-import-not-at-top
-  config = ml_collections.ConfigDict({'train': {'min_good_checkpoints': 1}})
+  config = ml_collections.ConfigDict({'train': {'min_good_checkpoints': 1, 'steps': 10}})
   ckpt = Checkpointer(str(tmp_path / 'ckpts'), keep=2)
   hooks = _Messages()
   usage = shutil.disk_usage(str(tmp_path))
@@ -276,6 +276,12 @@ def test_failed_save_policy_goes_on_with_a_good_checkpoint_else_stops(tmp_path, 
   assert hooks.lines[0].startswith('checkpoint at step 3 NOT saved: 0 MiB free')
   assert hooks.lines[0].endswith('training goes on with 1 good checkpoint(s), the latest at step 2')
   assert ckpt.all_steps() == [2]
+  # The final step's checkpoint, or a stop request's, holds what was trained: it must be saved.
+  with pytest.raises(runs.TrainingError, match=r'^the final checkpoint \(step 10\) was not saved: '
+                     r'.*latest good checkpoint: step 2\)'):
+    runs.save_checkpoint(config, ckpt, 10, make_state(10, steps=10), {}, {}, hooks)
+  with pytest.raises(runs.TrainingError, match=r'^the stop checkpoint \(step 4\) was not saved'):
+    runs.save_checkpoint(config, ckpt, 4, make_state(4, steps=4), {}, {}, hooks, stopping=True)
   ckpt.close()
 
 

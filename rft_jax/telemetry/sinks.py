@@ -146,8 +146,11 @@ class JsonlSink(Hook):
     for key, value in fields.items():
       if key not in record:
         record[str(key)] = _to_json(value)
-    self._file.write(json.dumps(record, allow_nan=False) + '\n')
-    self._file.flush()
+    try:
+      self._file.write(json.dumps(record, allow_nan=False) + '\n')
+      self._file.flush()
+    except OSError as e:   # a full disk: name the file (the write itself names none)
+      raise OSError(e.errno, e.strerror, self.path) from None
 
   def on_start(self, step, total_steps, config_summary):
     self._step = step
