@@ -333,5 +333,9 @@ class Run:
 
 
 def _one_line(text: str) -> str:
+  """The first line of an error message; when it only announces what follows ('Error whilst
+  parsing config file:'), with the last line, where a traceback names the exception."""
   lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+  if len(lines) > 1 and lines[0].endswith(':'):
+    return f'{lines[0]} {lines[-1]}'
   return lines[0] if lines else text.strip()

@@ -272,9 +272,7 @@ def _flag_error_message(error: flags.Error, config: ml_collections.ConfigDict) -
   return f'config.{key}: cannot parse {value!r}{expected} (in --config.{key}={value})'
 
 
-def _one_line(text: str) -> str:
-  lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-  return lines[0] if lines else text.strip()
+_one_line = api._one_line   # pylint: disable=protected-access
 
 
 if __name__ == '__main__':

@@ -357,6 +357,24 @@ def test_cli_config_file_that_fails_to_import(tmp_path):
   _assert_usage_error(result, 'failed to load', "No module named 'no_such_module_anywhere'")
 
 
+def test_cli_recipe_file_that_registers_its_own_verifier(tmp_path):
+  """The command line loads a recipe file twice (its own check, then absl): the verifier it
+  registers is the same definition both times, not a second one under a taken name."""
+  recipe = tmp_path / 'own_verifier.py'
+  recipe.write_text(
+      'from configs import grpo_arith\n'
+      'from rft_jax.rewards.verifiers import register_verifier\n\n\n'
+      "@register_verifier('always_one_cli_test')\n"
+      'def always_one(completion, answer):\n'
+      '  return 1.0\n\n\n'
+      "def get_config(arg=''):\n"
+      "  config = grpo_arith.get_config('tiny')\n"
+      "  config.rewards.weights = {'correct': 1.0, 'always_one_cli_test': 0.5}\n"
+      '  return config\n')
+  result = _cli('--config', str(recipe), '--validate_only')
+  assert result.returncode == 0 and result.stdout.strip() == 'config OK', result.stderr
+
+
 def test_cli_config_error_does_not_import_jax():
   code = ('import sys; from rft_jax import main; '
           "rc = main.main(['main', '--config', 'configs/grpo_arith.py', "

@@ -4,6 +4,7 @@ import os
 import sys
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -71,6 +72,13 @@ def test_registry():
   # ... a different function under a taken name is not.
   with pytest.raises(ValueError, match='registered twice'):
     verifiers.register_verifier('correct')(reward_fixtures.length)
+  # One definition loaded under two module names (a recipe file, as the command line loads it)
+  # is the same function.
+  twin = types.FunctionType(verifiers.correct.__code__, {}, 'correct')
+  twin.__module__ = 'another_name_for_the_module'
+  verifiers.register_verifier('correct')(twin)
+  verifiers.register_verifier('correct')(verifiers.correct)   # restore it
+  assert verifiers.get_verifier('correct') is verifiers.correct
 
 
 def test_runner_rejects_bad_config():

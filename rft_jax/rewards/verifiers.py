@@ -41,12 +41,13 @@ FORMAT_MAX_DIGITS = 6
 def register_verifier(name: str) -> Callable[[Verifier], Verifier]:
   """Decorator that registers `fn` under `name` in `VERIFIERS` and returns it unchanged.
 
-  Registering the same function again (its module imported twice, e.g. in a worker process) is
-  allowed; registering a different function under a taken name raises ValueError.
+  Registering the same function again (its module imported twice, e.g. in a worker process, or a
+  recipe file loaded under two module names, as the command line does) is allowed; registering
+  a different function under a taken name raises ValueError.
   """
   def wrap(fn: Verifier) -> Verifier:
     old = VERIFIERS.get(name)
-    if old is not None and _qualified_name(old) != _qualified_name(fn):
+    if old is not None and not _same_definition(old, fn):
       raise ValueError(f'verifier {name!r} is registered twice: '
                        f'{_qualified_name(old)} and {_qualified_name(fn)}')
     VERIFIERS[name] = fn
@@ -63,6 +64,16 @@ def get_verifier(name: str) -> Verifier:
 
 def _qualified_name(fn: Callable) -> str:
   return f'{getattr(fn, "__module__", "?")}.{getattr(fn, "__qualname__", repr(fn))}'
+
+
+def _same_definition(a: Callable, b: Callable) -> bool:
+  """The same function: the same module and name, or the same source (file, line, name)."""
+  if _qualified_name(a) == _qualified_name(b):
+    return True
+  where = lambda f: (getattr(getattr(f, '__code__', None), 'co_filename', None),
+                     getattr(getattr(f, '__code__', None), 'co_firstlineno', None),
+                     getattr(f, '__qualname__', None))
+  return where(a)[0] is not None and where(a) == where(b)
 
 
 def _canonical_int(text: str) -> str | None:
