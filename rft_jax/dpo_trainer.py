@@ -94,8 +94,8 @@ class OfflinePairs:
     self.data_it, self.table, self.batch_sh = data_it, table, batch_sh
 
   def __call__(self, step: int, params) -> tuple[dict, dict]:
-    del step, params
-    batch = offline_batch(next(self.data_it), self.table)   # the global batch, every process
+    del params
+    batch = offline_batch(runs.next_batch(self.data_it, step), self.table)   # global, every process
     return {k: hostdata.place(v, self.batch_sh) for k, v in batch.items()}, {}
 
   def close(self):
@@ -121,7 +121,7 @@ class OnlinePairs:
     self.runner.start(wait=False)   # the workers import while the first step compiles
 
   def __call__(self, step: int, params) -> tuple[dict, dict]:
-    prompts = next(self.data_it)   # the global batch on every process (hostdata.GlobalBatches)
+    prompts = runs.next_batch(self.data_it, step)   # the global batch on every process
     t0 = time.time()
     rollout = self.sampler(params, hostdata.place(prompts['prompt_tokens'], self.batch_sh),
                            hostdata.place(prompts['prompt_mask'], self.batch_sh),
@@ -187,10 +187,14 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
     make_batch = OnlinePairs(config, c, data_it, ref_params, batch_sh, rep)
   else:
     t0 = time.time()
-    table = reference_table(jax.jit(functools.partial(dpo.pair_logps, graphdef=c.graphdef)),
-                            ref_params, source, c.tokenizer,
-                            max_prompt_len=config.task.max_prompt_len,
-                            answer_len=config.dpo.answer_len)
+    try:
+      table = reference_table(jax.jit(functools.partial(dpo.pair_logps, graphdef=c.graphdef)),
+                              ref_params, source, c.tokenizer,
+                              max_prompt_len=config.task.max_prompt_len,
+                              answer_len=config.dpo.answer_len)
+    except ValueError as e:   # a pair that does not fit task.max_prompt_len / dpo.answer_len
+      raise components.SetupError(
+          f'offline DPO pairs: {str(e).strip().splitlines()[-1]}') from None
     hooks.on_message(f'reference log-probs of {len(source)} pairs computed once in '
                      f'{time.time() - t0:.1f}s (the initial policy prefers the chosen answer in '
                      f'{np.mean(table[:, 0] > table[:, 1]):.0%} of them)')

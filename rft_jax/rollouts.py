@@ -98,12 +98,8 @@ class RolloutStage:
   def _round(self, params, step: int, round_: int, temperature: float):
     """One prompt batch sampled and scored -> (payload dict, reward seconds)."""
     faulty = self.injector is not None and self.injector.enabled
-    try:
-      use_hard = faulty and self.hard_it is not None and self.injector.hard_prompts(step)
-      prompts = next(self.hard_it if use_hard else self.data_it)
-    except ValueError as e:   # a malformed record: the pipeline names it
-      raise runs.TrainingError(f'bad input data at step {step}: {e} (config.task.bad_records='
-                               "'skip' skips such records)") from None
+    use_hard = faulty and self.hard_it is not None and self.injector.hard_prompts(step)
+    prompts = runs.next_batch(self.hard_it if use_hard else self.data_it, step)
     for reason in self.skipped.drain() if self.skipped is not None else ():
       self.on_message(f'skipped a bad record: {reason}')
     max_new, ignore_eos = self.config.rollout.max_new_tokens, False

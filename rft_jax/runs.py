@@ -72,6 +72,16 @@ class StopRequest:
     self._previous = {}
 
 
+def next_batch(data_it, step: int):
+  """next(data_it); a malformed record (the pipeline raises ValueError naming it) stops the
+  run with one line instead of a traceback through the input pipeline."""
+  try:
+    return next(data_it)
+  except ValueError as e:
+    raise TrainingError(f'bad input data at step {step}: {str(e).strip().splitlines()[-1]} '
+                        "(config.task.bad_records='skip' skips such records)") from None
+
+
 def preempt(stop: StopRequest, step: int, hooks, ckpt: Checkpointer, workdir: str):
   """After the stop's checkpoint was saved: say how to resume, close, raise Preempted."""
   hooks.on_message(f'{stop.signal_name}: stopped after step {step} with a checkpoint; '

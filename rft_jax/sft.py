@@ -55,7 +55,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
   try:
     for step in range(start + 1, total + 1):
       t0 = time.time()
-      raw = next(data_it)
+      raw = runs.next_batch(data_it, step)
       batch = {k: hostdata.place(raw[k], batch_sh) for k in ('tokens', 'mask', 'loss_mask')}
       state, metrics = step_fn(state, batch)
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}

@@ -2,6 +2,7 @@
 tiny end-to-end runs that learn, exact resume, and the config errors."""
 import functools
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -204,6 +205,15 @@ def test_offline_dpo_without_a_pair_source_fails_at_load(capsys):
   err = capsys.readouterr().err.strip()
   assert status == 2 and err.startswith('error: config.dpo.pairs') and '\n' not in err
   assert 'preference-pair source' in err
+
+
+def test_pairs_that_do_not_fit_the_answer_length_are_one_line_at_load(capsys, tmp_path):
+  status = main_lib.main(['main', '--config', 'configs/dpo_arith.py:tiny',
+                          '--config.dpo.answer_len=1', '--workdir', str(tmp_path)])
+  err = capsys.readouterr().err.strip()
+  assert status == 2 and '\n' not in err, err
+  assert re.fullmatch(r"error: offline DPO pairs: record id=\d+: answer '-?\d+' is \d+ tokens "
+                      r'\(with EOS\) > answer_len=1', err), err
 
 
 @pytest.mark.parametrize('module,key,value,bad_key,words', [

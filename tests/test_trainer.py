@@ -213,3 +213,18 @@ def test_a_workdir_refuses_another_recipe_or_model_and_keeps_its_checkpoints(tmp
   trainer.run(tiny_config(**{'train.steps': 3, 'train.ckpt_every': 3, 'model.remat': 'full'}),
               workdir)   # longer, with a compute option changed: resumes
   assert sorted(train_rows(workdir)) == [1, 2, 3]
+
+
+def test_a_malformed_record_in_the_stream_stops_with_one_line():
+  """runs.next_batch, used by the RL, SFT and DPO loops: the pipeline's ValueError naming the
+  record becomes a TrainingError (exit 1) of one line instead of a traceback through grain."""
+  from rft_jax import runs   # pylint: disable=g-import-not-at-top
+
+  def records():
+    yield {'ok': 1}
+    raise ValueError("record id=7: answer '133' is 4 tokens (with EOS) > answer_len=1")
+  data_it = records()
+  assert runs.next_batch(data_it, 1) == {'ok': 1}
+  with pytest.raises(runs.TrainingError, match=r"^bad input data at step 2: record id=7: answer "
+                     r"'133' is 4 tokens \(with EOS\) > answer_len=1 \(config.task.bad_records"):
+    runs.next_batch(data_it, 2)
