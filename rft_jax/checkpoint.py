@@ -321,5 +321,16 @@ def load_params(path: str, like_params: Any, shardings: Any = None) -> Any:
   path = os.path.abspath(path)
   if not os.path.isdir(path):
     raise FileNotFoundError(f'no parameter checkpoint at {path}')
+  if not os.path.isfile(os.path.join(path, '_CHECKPOINT_METADATA')):
+    raise ValueError(f'{path} is not a parameter checkpoint (no orbax _CHECKPOINT_METADATA)')
   with ocp.StandardCheckpointer() as ckptr:
+    saved = ckptr.metadata(path).item_metadata
+    # Compared before orbax reads: its failed async reads log pages of tracebacks.
+    shapes = lambda tree: {'/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in p):
+                           tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    have, want = shapes(saved), shapes(like_params)
+    for name in sorted(set(have) | set(want)):
+      if have.get(name) != want.get(name):
+        raise ValueError(f'does not match config.model: {name} is {have.get(name) or "absent"} '
+                         f'there, {want.get(name) or "absent"} in this model')
     return ckptr.restore(path, _abstract(like_params, shardings))

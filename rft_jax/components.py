@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 from flax import nnx
+from safetensors import SafetensorError
 
 from rft_jax import checkpoint
 from rft_jax.data import arith, gsm8k, pipeline
@@ -90,14 +91,16 @@ def build(config) -> Components:
       params = checkpoint.load_params(config.init_from, like, shardings)
     except FileNotFoundError as e:
       raise SetupError(f'config.init_from: {e}') from None
-    except ValueError as e:   # orbax: shape/structure mismatch with config.model
-      raise SetupError(f'config.init_from={config.init_from} does not match config.model: '
-                       f'{str(e).splitlines()[0]}') from None
+    except ValueError as e:   # not a checkpoint, or arrays config.model does not have
+      raise SetupError(f'config.init_from={config.init_from}: {str(e).splitlines()[0]}') from None
   elif config.model.get('path', ''):
     try:
       params = hf_checkpoint.load_hf_params(config.model.path, model_cfg, shardings)
     except hf_checkpoint.HFCheckpointError as e:
       raise SetupError(f'config.model.path: {e}') from None
+    except (OSError, SafetensorError) as e:   # a truncated or damaged safetensors file
+      raise SetupError(f'config.model.path={config.model.path}: cannot read its weights '
+                       f'({type(e).__name__}: {str(e).strip().splitlines()[-1]})') from None
   else:
     _, state = lm.create(model_cfg, config.seed)
     params = jax.device_put(nnx.to_pure_dict(state), shardings)
@@ -133,6 +136,9 @@ def _load_tokenizer(config):
     return load_tokenizer(path)
   except (FileNotFoundError, ValueError) as e:
     raise SetupError(f'config.{key}: {e}') from None
+  except (OSError, RuntimeError) as e:   # sentencepiece: 'could not parse ModelProto'
+    raise SetupError(f'config.{key}={path}: cannot load a tokenizer from it '
+                     f'({type(e).__name__}: {str(e).strip().splitlines()[-1]})') from None
 
 
 def load_task(config, tokenizer):
@@ -140,7 +146,12 @@ def load_task(config, tokenizer):
   questions through the tokenizer's chat template (pipeline.PromptFormat)."""
   task = config.task
   if task.name == 'arith':
-    return arith.load_split('train', task.data_dir), arith.load_split('test', task.data_dir)
+    try:
+      return arith.load_split('train', task.data_dir), arith.load_split('test', task.data_dir)
+    except OSError as e:   # data_dir is a file, or not writable for the first preparation
+      where = f': {e.filename}' if e.filename else ''
+      raise SetupError(f'config.task.data_dir={task.data_dir!r}: cannot prepare the arith '
+                       f'dataset there ({e.strerror or e}{where})') from None
   if task.name != 'gsm8k':
     raise SetupError(f'config.task.name={task.name!r}: unknown task; known: '
                      + ', '.join(TASK_VERIFIERS))

@@ -192,6 +192,10 @@ def _workdir_problem(workdir: str) -> str | None:
     return f'cannot create it ({e.strerror or e})'
   if not os.access(workdir, os.W_OK | os.X_OK):
     return 'not writable'
+  for name in ('checkpoints', 'tb'):   # directories the run writes into
+    inside = os.path.join(workdir, name)
+    if os.path.exists(inside) and not os.path.isdir(inside):
+      return f'{inside} exists and is not a directory'
   return None
 
 

@@ -348,6 +348,11 @@ def test_cli_unusable_workdir_is_a_one_line_error_before_any_work(tmp_path):
   _assert_usage_error(result, f'--workdir={a_file}: exists and is not a directory')
   result = _cli('--config', 'configs/grpo_arith.py:tiny', '--workdir', str(a_file / 'run'))
   _assert_usage_error(result, f'--workdir={a_file / "run"}: cannot create it')
+  (tmp_path / 'run').mkdir()
+  (tmp_path / 'run' / 'checkpoints').write_text('')
+  result = _cli('--config', 'configs/grpo_arith.py:tiny', '--workdir', str(tmp_path / 'run'))
+  _assert_usage_error(result, f'--workdir={tmp_path / "run"}: {tmp_path / "run" / "checkpoints"} '
+                      'exists and is not a directory')
 
 
 def test_cli_config_file_that_fails_to_import(tmp_path):
@@ -517,3 +522,30 @@ def test_a_full_disk_while_logging_is_one_line_naming_the_file(monkeypatch, asse
   assert rc == 1 and '\n' not in err
   assert err.startswith(f'error: No space left on device: {tmp_path}/metrics.jsonl; the run '
                         'stopped with its last good checkpoint kept in')
+
+
+@pytest.mark.parametrize('make,override,message', [
+    (lambda d: (d / 'bad.model').write_text('not a sentencepiece model'),
+     '--config.tokenizer.path={d}/bad.model',
+     r'config.tokenizer.path=\S+/bad.model: cannot load a tokenizer from it \(RuntimeError: '),
+    (lambda d: (d / 'a_file').write_text(''), '--config.task.data_dir={d}/a_file',
+     r"config.task.data_dir='\S+/a_file': cannot prepare the arith dataset there \(File exists"),
+    (lambda d: (d / 'empty').mkdir(), '--config.init_from={d}/empty',
+     r'config.init_from=\S+/empty: \S+/empty is not a parameter checkpoint'),
+    (lambda d: None, '--config.model.hidden_size=64',
+     r'config.init_from=\S+arith_base: does not match config.model: embed_tokens/embedding is '
+     r'\(18, 128\) there, \(18, 64\) in this model'),
+])
+def test_unusable_input_files_are_one_line_at_load(make, override, message, tmp_path,
+                                                    monkeypatch, capsys):
+  """A damaged tokenizer, a data_dir that is a file, an init_from that is not a checkpoint or
+  does not fit the model: one line naming the key, exit 2, nothing after it (orbax's failed
+  async reads used to print ~60 lines of tracebacks after the error)."""
+  make(tmp_path)
+  monkeypatch.chdir(REPO)
+  rc = main_lib.main(['main', '--config', 'configs/grpo_arith.py:tiny',
+                      override.format(d=tmp_path), '--workdir', str(tmp_path / 'run')])
+  err = [line for line in capsys.readouterr().err.splitlines()
+         if not line.startswith('WARNING:absl:')]
+  assert rc == 2 and len(err) == 1, err
+  assert re.match('error: ' + message, err[0]), err[0]
