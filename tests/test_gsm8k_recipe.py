@@ -98,4 +98,16 @@ def test_grpo_gsm8k_on_tiny_qwen2_checkpoint(tmp_path):
     assert 0.0 <= r['reward/gsm8k/mean'] <= 1.0
     assert 0.0 <= r['reward/gsm8k_format/mean'] <= 1.0
     assert r['reward/invalid_frac'] == 0.0
+  # A damaged weights file (a download cut short) is one line at load, exit 2.
+  weights = os.path.join(model_dir, 'model.safetensors')
+  with open(weights, 'r+b') as f:
+    f.truncate(os.path.getsize(weights) // 2)
+  broken = run_main(
+      '--config', f'{RECIPE}:tiny', f'--config.model.path={model_dir}',
+      f'--config.task.manual_dir={manual_dir}', f'--config.task.data_dir={tmp_path / "tfds"}',
+      f'--config.task.max_prompt_len={prompt_len}', *overrides,
+      '--workdir', str(tmp_path / 'run2'))
+  assert broken.returncode == 2 and 'Traceback' not in broken.stderr, broken.stderr[-3000:]
+  assert broken.stderr.strip().splitlines()[-1].startswith(
+      f'error: config.model.path={model_dir}: cannot read its weights'), broken.stderr[-3000:]
   assert os.path.isdir(os.path.join(workdir, 'checkpoints', '2'))
