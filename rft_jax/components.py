@@ -66,9 +66,10 @@ def model_config(config) -> ModelConfig:
   return dataclasses.replace(hf, dtype=config.model.dtype, **run_time)
 
 
-def build(config) -> Components:
+def build(config, data: bool = True) -> Components:
   """Mesh, tokenizer, model and its initial params (random, config.init_from, or the HF
-  checkpoint at config.model.path, read shard by shard onto the mesh), data sources."""
+  checkpoint at config.model.path, read shard by shard onto the mesh), data sources (None
+  without `data`: tools that only need the model, e.g. tools.checkpoint export)."""
   try:
     mesh = meshlib.make_mesh(config.mesh)
   except meshlib.MeshError as e:
@@ -104,7 +105,7 @@ def build(config) -> Components:
   else:
     _, state = lm.create(model_cfg, config.seed)
     params = jax.device_put(nnx.to_pure_dict(state), shardings)
-  train_source, test_source = load_task(config, tokenizer)
+  train_source, test_source = load_task(config, tokenizer) if data else (None, None)
   return Components(
       mesh=mesh, tokenizer=tokenizer, model_cfg=model_cfg, graphdef=graphdef, params=params,
       param_shardings=shardings,

@@ -41,6 +41,15 @@ def test_export_applies_the_runs_overrides(run_dir, tmp_path):
                 '--config.model.dtype=bfloat16')['torch_dtype'] == 'bfloat16'
 
 
+def test_export_reads_no_task_data_and_setup_errors_are_one_line(run_dir, tmp_path):
+  # The task's data is not needed (a GSM8K run's manual_dir need not be given again) ...
+  (tmp_path / 'a_file').write_text('')   # a data_dir no dataset can be prepared in
+  assert export(run_dir, tmp_path / 'nodata', f'--config.task.data_dir={tmp_path / "a_file"}')
+  # ... and a model that does not fit the run is one line, not a traceback.
+  with pytest.raises(SystemExit, match=r'^error: config.tokenizer.path'):
+    export(run_dir, tmp_path / 'z', '--config.tokenizer.path=/no/such/tokenizer.model')
+
+
 def test_export_override_errors_are_one_line(run_dir, tmp_path):
   with pytest.raises(SystemExit, match=r"^error: unknown config key 'model.dtyp' in "
                                        r"--config.model.dtyp=bfloat16.*dtype"):

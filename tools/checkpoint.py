@@ -69,7 +69,10 @@ def export(args) -> None:
   from rft_jax.models import hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
   from tools.export_base import load_config  # pylint: disable=g-import-not-at-top
   config = load_config(args.config, args.overrides)
-  c = components.build(config)
+  try:
+    c = components.build(config, data=False)   # the task's data is not needed to export
+  except components.SetupError as e:
+    raise SystemExit(f'error: {e}') from None
   tx = ts.make_optimizer(config.optim)
   shardings = runs.state_shardings(c, tx)
   ckpt = checkpoint.Checkpointer(os.path.join(args.workdir, 'checkpoints'))
