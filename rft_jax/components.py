@@ -52,17 +52,18 @@ def model_config(config) -> ModelConfig:
     hf = hf_checkpoint.load_hf_config(path)
   except hf_checkpoint.HFCheckpointError as e:
     raise SetupError(f'config.model.path: {e}') from None
+  fixes = []   # every field to change, in one message
   for key in config.model.keys():
     if key in ('path', 'dtype', *run_time):
       continue
     mine, theirs = config.model[key], getattr(hf, key)
-    if key == 'max_position_embeddings':
-      if mine > theirs:
-        raise SetupError(f'config.model.max_position_embeddings={mine} exceeds {path}/config.json'
-                         f' max_position_embeddings={theirs}')
-    elif mine != theirs:
-      raise SetupError(f'config.model.{key}={mine!r} does not match {path}/config.json '
-                       f'(set it to {theirs!r})')
+    if mine > theirs if key == 'max_position_embeddings' else mine != theirs:   # may be smaller
+      fixes.append((key, mine, theirs))
+  if fixes:
+    key, mine, theirs = fixes[0]
+    sets = ' '.join(f'--config.model.{k}={v!r}' for k, _, v in fixes)
+    raise SetupError(f'config.model.{key}={mine!r} does not match {path}/config.json '
+                     f'({len(fixes)} field(s) differ; set: {sets})')
   return dataclasses.replace(hf, dtype=config.model.dtype, **run_time)
 
 

@@ -54,6 +54,13 @@ def main(argv: Sequence[str]) -> int:
     return USAGE_ERROR
 
   if validate_only:
+    if config.model.get('path', ''):   # the model fields against the checkpoint's config.json
+      from rft_jax import components  # pylint: disable=g-import-not-at-top
+      try:
+        components.model_config(config)
+      except components.SetupError as e:
+        print(f'error: {_one_line(str(e))}', file=sys.stderr)
+        return USAGE_ERROR
     print('config OK')
     return 0
   problem = _workdir_problem(workdir)

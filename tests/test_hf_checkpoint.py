@@ -5,6 +5,7 @@ errors for configs and tensors rft_jax cannot load exactly."""
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -235,7 +236,7 @@ def test_bad_tensors_are_one_line_errors(hf_models, tmp_path):
       hc.load_hf_params(str(d), cfg, shardings)
 
 
-def test_model_config_from_path_checks_config_model(hf_models):
+def test_model_config_from_path_checks_config_model(hf_models, capsys):
   model_dir = hf_models['qwen2'][1]
   hf = hc.load_hf_config(model_dir)
   section = {k: getattr(hf, k) for k in (
@@ -248,8 +249,21 @@ def test_model_config_from_path_checks_config_model(hf_models):
   assert got.dtype == 'bfloat16' and got.attention_bias and got.max_position_embeddings == 128
   config.model.hidden_size = 32
   with pytest.raises(components.SetupError,
-                     match=r'config.model.hidden_size=32 does not match .* \(set it to 64\)'):
+                     match=r'config.model.hidden_size=32 does not match .* \(1 field\(s\) differ; '
+                           r'set: --config.model.hidden_size=64\)$'):
     components.model_config(config)
+  config.model.num_hidden_layers = 7   # every field to change, in one message
+  with pytest.raises(components.SetupError, match=r'\(2 field\(s\) differ; set: --config.model.'
+                     r'hidden_size=64 --config.model.num_hidden_layers=\d+\)$'):
+    components.model_config(config)
+  # --validate_only checks them too (it said 'config OK' and the run then failed).
+  from rft_jax import main as main_lib  # pylint: disable=g-import-not-at-top
+  status = main_lib.main(['main', '--config', 'configs/grpo_gsm8k_qwen2.py:tiny',
+                          f'--config.model.path={model_dir}', '--config.task.manual_dir=/tmp',
+                          '--validate_only'])
+  err = capsys.readouterr().err.strip()
+  assert status == 2 and re.match(r'error: config.model.\w+=.* does not match .*config.json \(\d+ '
+                                  r'field\(s\) differ; set: ', err) and '\n' not in err, err
 
 
 def test_tool_inspect_and_convert(hf_models, tmp_path, capsys):
