@@ -10,14 +10,14 @@ The sampling RNG is derived as fold_in(key(seed), step), so (seed, step) restore
 Crash safety. Orbax writes a checkpoint into a temporary directory and renames it into place when
 complete. After that, `save` writes `rft_manifest.json`: the size and CRC-32 of every file. When a
 Checkpointer opens a directory it verifies every checkpoint against its manifest; one with a
-missing, truncated or altered file is moved to `<dir>.quarantine/<step>` and reported, never
-loaded. One without a manifest (older rft_jax, or the process died between orbax's rename and the
-manifest) is complete per orbax and used, reported as unverified; if restoring it fails, the
-caller quarantines it and falls back to the previous one (rft_jax/runs.py). A verified one that
-fails to restore is intact, so it is the config that differs: the caller refuses to start. Old checkpoints are
-deleted by renaming them to `<step>.deleting` first, so a deletion cut short is never mistaken
-for a checkpoint. Retention (`keep`) counts verified checkpoints only: an older one is removed
-only after a newer one is verified.
+missing, truncated or altered file is moved to `<dir>.quarantine/<step>` and reported, never loaded.
+One without a manifest (older rft_jax, or the process died between orbax's rename and the manifest)
+is complete per orbax and used, reported as unverified; if restoring it fails, the caller
+quarantines it and falls back to the previous one (rft_jax/runs.py). A verified one that fails to
+restore is intact, so it is the config that differs: the caller refuses to start. Old checkpoints
+are deleted by renaming them to `<step>.deleting` first, so a deletion cut short is never mistaken
+for a checkpoint. Retention (`keep`) counts verified checkpoints only: an older one is removed only
+after a newer one is verified.
 
 Disk. Before saving, free space is compared with the size of the last checkpoint (or the state's
 bytes); too little space, or a write that fails, raises CheckpointSaveError and leaves the earlier

@@ -8,8 +8,9 @@ are. With it, rounds repeat until the step holds rollout.prompts_per_step inform
 algo.max_sampling_rounds rounds), and the batch is gathered from the picked groups (see
 rft_jax/algorithms/dynamic_sampling.py). A group is informative when its accuracy varies (the
 verifier with the largest reward weight; DAPO eq. 11), or with algo.dynamic_sampling_metric =
-'reward' when its total reward does (format bonus and overlong penalty included). Every draw advances the data iterator, whose state is
-checkpointed after the step, and every key is a function of (seed, step, round): resume is exact.
+'reward' when its total reward does (format bonus and overlong penalty included). Every draw
+advances the data iterator, whose state is checkpointed after the step, and every key is a function
+of (seed, step, round): resume is exact.
 """
 import dataclasses
 import time

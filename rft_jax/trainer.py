@@ -113,7 +113,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
     raise components.SetupError(
         f'config.algo.score_chunks={algo.score_chunks}: data*fsdp={meshlib.batch_divisor(c.mesh)}'
         f' times it must divide prompts_per_step*group_size={rollout_rows}')
-  components.check_memory(c, config, algo)   # one-line error before an accelerator OOM
+  memory_est = components.check_memory(c, config, algo)   # one line before an accelerator OOM
   tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
   critic_opt = ppo.critic_optimizer(config, algo)   # {} unless PPO
   ref_params = jax.tree.map(jnp.copy, c.params) if algo.use_reference else None
@@ -131,6 +131,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
                          monitor=monlib.init_monitor(mcfg) if mcfg else None,
                          extra=ppo.extra_state(c, algo, **critic_opt))
   state, shardings, ckpt, meta, hooks, start, reset_ref = opened
+  hooks.on_message(f'memory estimate: {memory_est.describe()}')
   for notice in config_rules.sampling_notices(config):
     hooks.on_message(notice)
   total = config.train.steps

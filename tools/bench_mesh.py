@@ -57,7 +57,8 @@ def main():
   ap.add_argument('--repeats', type=int, default=3)
   ap.add_argument('--meshes', default='1x1x1,8x1x1,1x8x1,2x2x2,1x4x2')
   ap.add_argument('--no-set-mesh', action='store_true',
-                  help='trace without jax.set_mesh (activation constraints off), as trainer.py')
+                  help='trace without jax.set_mesh (activation constraints off); trainer.py '
+                       'traces under it')
   args = ap.parse_args()
   config = load_config(args.config)
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 1, 1
