@@ -159,6 +159,8 @@ def parse_command_line(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, 
     raise UsageError(f'unknown config key in overrides: {e}') from None
   if len(rest) > 1:
     raise UsageError(f'unexpected argument {rest[1]!r}')
+  if flag_values.workdir.startswith('-'):   # `--workdir --validate_only`: absl takes the flag
+    raise UsageError(f'--workdir needs a directory; it got the flag {flag_values.workdir!r}')
   workdir = flag_values.workdir or os.path.join('runs', config.name)
   return config, workdir, flag_values.validate_only
 

@@ -348,6 +348,8 @@ def test_cli_unusable_workdir_is_a_one_line_error_before_any_work(tmp_path):
   _assert_usage_error(result, f'--workdir={a_file}: exists and is not a directory')
   result = _cli('--config', 'configs/grpo_arith.py:tiny', '--workdir', str(a_file / 'run'))
   _assert_usage_error(result, f'--workdir={a_file / "run"}: cannot create it')
+  result = _cli('--config', 'configs/grpo_arith.py:tiny', '--workdir', '--validate_only')
+  _assert_usage_error(result, "--workdir needs a directory; it got the flag '--validate_only'")
   (tmp_path / 'run').mkdir()
   (tmp_path / 'run' / 'checkpoints').write_text('')
   result = _cli('--config', 'configs/grpo_arith.py:tiny', '--workdir', str(tmp_path / 'run'))
