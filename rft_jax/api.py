@@ -255,10 +255,15 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
 def open_run(workdir: str, config: ml_collections.ConfigDict | None = None) -> Run:
   """A finished or interrupted run from its workdir (metrics.jsonl, summary.json if written).
 
-  config: the run's recipe (needed for `Run.policy`, as a workdir stores no config)."""
+  config: the run's recipe, needed by `Run.policy`; by default the one the run recorded in
+  workdir/config.json (values JSON cannot hold were written as strings), if it has one."""
   path = os.path.join(workdir, 'metrics.jsonl')
   if not os.path.isfile(path):
     raise FileNotFoundError(f'{workdir}: no metrics.jsonl (not a run directory?)')
+  recorded = os.path.join(workdir, 'config.json')
+  if config is None and os.path.isfile(recorded):
+    with open(recorded, encoding='utf-8') as f:
+      config = ml_collections.ConfigDict(json.load(f))
   summary_path = os.path.join(workdir, 'summary.json')
   summary = {}
   if os.path.isfile(summary_path):

@@ -157,8 +157,17 @@ def test_history_is_the_metrics_file(run):
   assert steps == list(range(1, STEPS + 1)) and values == [r['loss'] for r in run.history]
   reopened = api.open_run(run.workdir)
   assert reopened.history == run.history and reopened.summary == run.summary
-  with pytest.raises(ValueError, match='without its config'):
-    reopened.policy  # pylint: disable=pointless-statement
+  # The config comes from the workdir's config.json, so the trained policy loads without it.
+  assert reopened.config.to_dict() == run.config.to_dict()
+  assert reopened.policy.step == STEPS
+  for a, b in zip(jax.tree.leaves(reopened.policy.params), jax.tree.leaves(run.policy.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  os.rename(os.path.join(run.workdir, 'config.json'), os.path.join(run.workdir, 'c.json'))
+  try:   # a workdir of an older rft_jax has none
+    with pytest.raises(ValueError, match='without its config'):
+      api.open_run(run.workdir).policy  # pylint: disable=pointless-statement
+  finally:
+    os.rename(os.path.join(run.workdir, 'c.json'), os.path.join(run.workdir, 'config.json'))
 
 
 def test_recorder_keeps_what_the_jsonl_sink_writes(tmp_path):
