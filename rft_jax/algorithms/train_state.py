@@ -87,22 +87,24 @@ def apply_gradients(state: TrainState, grads, tx: optax.GradientTransformation, 
   """One optimiser update -> (new state, {'grad_norm', 'update_norm', 'param_norm', 'lr', ...}).
 
   The update is scaled by controls['lr_scale'] (default 1): for AdamW this is the learning rate
-  times lr_scale. Non-finite gradients, or a non-finite update from finite ones (a learning rate
-  or lr_scale that is not finite), skip the update entirely (params and optimizer state kept,
-  'update_skipped' = 1) so one bad batch cannot destroy the run; the step counter still advances.
+  times lr_scale. Non-finite gradients, or a learning rate times lr_scale that is not finite (an
+  inf lr's warm-up gives 0 * inf = NaN), skip the update entirely (params and optimizer state
+  kept, 'update_skipped' = 1) so one bad batch cannot destroy the run; the step counter still
+  advances. (Scalars, not the update's norm: that would make every parameter wait for a reduction
+  over the whole update.)
   """
   grad_norm = optax.tree.norm(grads)
-  finite_grads = jnp.isfinite(grad_norm)
-  safe_grads = jax.tree.map(lambda g: jnp.where(finite_grads, g, 0.0), grads)
+  lr = schedule(state.step) * state.control('lr_scale', 1.0)
+  finite = jnp.isfinite(grad_norm) & jnp.isfinite(lr)
+  safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
   updates, opt_state = tx.update(safe_grads, state.opt_state, state.params)
   updates = jax.tree.map(lambda u: u * state.control('lr_scale', 1.0), updates)
-  update_norm = optax.tree.norm(updates)
-  finite = finite_grads & jnp.isfinite(update_norm)
   params = optax.apply_updates(state.params, updates)
   keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
   params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
-  stats = {'grad_norm': grad_norm, 'update_norm': jnp.where(finite, update_norm, 0.0),
+  stats = {'grad_norm': grad_norm,
+           'update_norm': jnp.where(finite, optax.tree.norm(updates), 0.0),
            'param_norm': optax.tree.norm(params),
-           'lr': schedule(state.step) * state.control('lr_scale', 1.0),
+           'lr': lr,
            'update_skipped': 1.0 - finite.astype(jnp.float32)}
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), stats
