@@ -149,11 +149,12 @@ def load_task(config, tokenizer):
   task = config.task
   if task.name == 'arith':
     try:
-      return arith.load_split('train', task.data_dir), arith.load_split('test', task.data_dir)
+      splits = arith.load_split('train', task.data_dir), arith.load_split('test', task.data_dir)
     except OSError as e:   # data_dir is a file, or not writable for the first preparation
       where = f': {e.filename}' if e.filename else ''
       raise SetupError(f'config.task.data_dir={task.data_dir!r}: cannot prepare the arith '
                        f'dataset there ({e.strerror or e}{where})') from None
+    return _readable(splits, task)
   if task.name != 'gsm8k':
     raise SetupError(f'config.task.name={task.name!r}: unknown task; known: '
                      + ', '.join(TASK_VERIFIERS))
@@ -162,6 +163,7 @@ def load_task(config, tokenizer):
               for split in ('train', 'test')]
   except (FileNotFoundError, ValueError) as e:   # one line naming the file (and record)
     raise SetupError(f'config.task.manual_dir: {e}') from None
+  splits = _readable(splits, task)
   chat = task.get('chat_template', True)
   if chat and not getattr(tokenizer, 'chat_template', None):
     raise SetupError(f'config.task.chat_template=True but the tokenizer ({tokenizer!r}) has no '
@@ -169,6 +171,23 @@ def load_task(config, tokenizer):
   fmt = pipeline.PromptFormat(chat=chat, system_prompt=task.get('system_prompt', ''),
                               instruction=task.get('instruction', ''))
   return tuple(pipeline.formatted(s, tokenizer, fmt) for s in splits)
+
+
+def _readable(splits, task):
+  """The splits, after reading the first and last record of each: a prepared dataset damaged on
+  disk (a truncated array_record file) fails here, at load and in one line, not at step 1 with
+  a traceback through the input pipeline."""
+  try:
+    for source in splits:
+      if len(source):
+        source[0], source[len(source) - 1]   # pylint: disable=pointless-statement
+  except Exception as e:  # pylint: disable=broad-exception-caught  (any reader error: say so)
+    root = arith.resolve_data_dir(task.data_dir)
+    raise SetupError(f'config.task.data_dir={task.data_dir!r}: the prepared {task.name} dataset '
+                     f'in {root} cannot be read ({type(e).__name__}: '
+                     f'{str(e).strip().splitlines()[-1] if str(e).strip() else ""}); delete '
+                     f'{root}/{task.name} to prepare it again') from None
+  return splits
 
 
 def eval_batch(c: Components, config) -> dict:

@@ -340,3 +340,24 @@ def test_two_processes_read_their_shares_and_gather_the_global_batch(tok):
     assert got['dtypes'] == [str(want[0]['id'].dtype), str(want[0]['prompt_tokens'].dtype)]
     assert got['state'] == one.get_state() == {'next_index': 24}
     assert got['after_resume'] == want[2]['id'].tolist()
+
+
+def test_a_damaged_prepared_dataset_is_one_line_at_load(tmp_path):
+  """A truncated array_record file of the prepared arith dataset fails at load (SetupError
+  naming the directory and what to delete), not at step 1 inside the input pipeline."""
+  import glob   # pylint: disable=g-import-not-at-top
+  import ml_collections   # pylint: disable=g-import-not-at-top
+  from rft_jax import components   # pylint: disable=g-import-not-at-top
+  task = ml_collections.ConfigDict({'name': 'arith', 'data_dir': str(tmp_path)})
+  config = ml_collections.ConfigDict({'task': task})
+  train, test = components.load_task(config, tokenizer=None)
+  assert len(train) > 0 and len(test) > 0
+  victim = sorted(glob.glob(str(tmp_path / 'arith' / '**' / '*train*array_record*'),
+                            recursive=True))[0]
+  with open(victim, 'r+b') as f:
+    f.truncate(os.path.getsize(victim) // 2)
+  with pytest.raises(components.SetupError,
+                     match=rf"^config.task.data_dir='{tmp_path}': the prepared arith dataset in "
+                           rf'{tmp_path} cannot be read \(.*\); delete {tmp_path}/arith to '
+                           'prepare it again$'):
+    components.load_task(config, tokenizer=None)
