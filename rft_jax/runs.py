@@ -134,10 +134,11 @@ def make_summary(config, base_eval: dict, final_eval: dict, steps: int, wall_s: 
 
 RUN_CONFIG = 'config.json'
 # What the workdir's checkpoints are shaped by, so a resume must keep it: the recipe, the model
-# (but not its compute options) and the algorithm's state-defining choices. Everything else
-# (train.steps, the learning rate, telemetry, the monitor) may change between invocations.
+# (but not its compute options, nor where its files are) and the algorithm's state-defining
+# choices. Everything else (train.steps, the learning rate, telemetry, the monitor) may change
+# between invocations.
 _RUN_IDENTITY = ('name', 'model.', 'algo.advantage', 'algo.loss', 'algo.critic')
-_MODEL_COMPUTE_KEYS = ('model.dtype', 'model.remat', 'model.scan_layers')
+_MAY_CHANGE = ('model.dtype', 'model.remat', 'model.scan_layers', 'model.path')
 
 
 def _config_json(config) -> dict:
@@ -161,7 +162,7 @@ def check_workdir_config(config, workdir: str) -> None:
 
   workdir/config.json is written when a run first opens the workdir (JSON of config.to_dict();
   values JSON cannot hold are written as strings). A later invocation whose recipe name, model
-  section (except dtype, remat, scan_layers) or algo.advantage/loss/critic differ raises
+  section (except dtype, remat, scan_layers, path) or algo.advantage/loss/critic differ raises
   SetupError naming the first differing key, before any checkpoint is touched: restoring would
   fail on shapes (and used to set good checkpoints aside as unusable) or silently continue one
   algorithm's run with another's. A workdir without config.json (written by an older rft_jax) is
@@ -177,7 +178,7 @@ def check_workdir_config(config, workdir: str) -> None:
                                   'the config this workdir was started with') from None
     flat = _flat(_config_json(config))
     for key in sorted(set(flat) | set(theirs), key=lambda k: (k != 'name', k)):   # name first
-      if not key.startswith(_RUN_IDENTITY) or key in _MODEL_COMPUTE_KEYS:
+      if not key.startswith(_RUN_IDENTITY) or key in _MAY_CHANGE:
         continue
       if flat.get(key) != theirs.get(key):
         raise components.SetupError(
