@@ -102,7 +102,7 @@ def build(config, data: bool = True) -> Components:
       raise SetupError(f'config.model.path: {e}') from None
     except (OSError, SafetensorError) as e:   # a truncated or damaged safetensors file
       raise SetupError(f'config.model.path={config.model.path}: cannot read its weights '
-                       f'({type(e).__name__}: {str(e).strip().splitlines()[-1]})') from None
+                       f'({_reason(e)})') from None
   else:
     _, state = lm.create(model_cfg, config.seed)
     params = jax.device_put(nnx.to_pure_dict(state), shardings)
@@ -139,8 +139,8 @@ def _load_tokenizer(config):
   except (FileNotFoundError, ValueError) as e:
     raise SetupError(f'config.{key}: {e}') from None
   except (OSError, RuntimeError) as e:   # sentencepiece: 'could not parse ModelProto'
-    raise SetupError(f'config.{key}={path}: cannot load a tokenizer from it '
-                     f'({type(e).__name__}: {str(e).strip().splitlines()[-1]})') from None
+    raise SetupError(
+        f'config.{key}={path}: cannot load a tokenizer from it ({_reason(e)})') from None
 
 
 def load_task(config, tokenizer):
@@ -184,10 +184,15 @@ def _readable(splits, task):
   except Exception as e:  # pylint: disable=broad-exception-caught  (any reader error: say so)
     root = arith.resolve_data_dir(task.data_dir)
     raise SetupError(f'config.task.data_dir={task.data_dir!r}: the prepared {task.name} dataset '
-                     f'in {root} cannot be read ({type(e).__name__}: '
-                     f'{str(e).strip().splitlines()[-1] if str(e).strip() else ""}); delete '
-                     f'{root}/{task.name} to prepare it again') from None
+                     f'in {root} cannot be read ({_reason(e)}); delete {root}/{task.name} to '
+                     'prepare it again') from None
   return splits
+
+
+def _reason(e: BaseException) -> str:
+  """'Type: last line of its message' (where a multi-line message names the cause)."""
+  lines = str(e).strip().splitlines()
+  return f'{type(e).__name__}: {lines[-1]}' if lines else type(e).__name__
 
 
 def eval_batch(c: Components, config) -> dict:

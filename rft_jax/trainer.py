@@ -176,7 +176,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   light = compile_cache.light_compile_options()   # small programs: compile time is what counts
   credit_fn = None if ppo.is_ppo(algo) else jax.jit(functools.partial(
       credit.credit_metrics, group_size=config.rollout.group_size), out_shardings=rep,
-      static_argnames='first',      compiler_options=light)
+      static_argnames='first', compiler_options=light)
   primary = verifiers.primary_verifier(config.rewards.weights)
   hard_it = None
   if any(f['type'] == 'curriculum_switch' for f in injector.faults):
