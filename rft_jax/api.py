@@ -255,13 +255,15 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
 def open_run(workdir: str, config: ml_collections.ConfigDict | None = None) -> Run:
   """A finished or interrupted run from its workdir (metrics.jsonl, summary.json if written).
 
-  config: the run's recipe, needed by `Run.policy`; by default the one the run recorded in
-  workdir/config.json (values JSON cannot hold were written as strings), if it has one."""
+  config: the run's recipe, needed by `Run.policy`; by default the one the run's latest
+  invocation recorded in workdir/config.json (values JSON cannot hold were written as strings;
+  its mesh is replaced by one that fits the devices present when `policy` loads)."""
   path = os.path.join(workdir, 'metrics.jsonl')
   if not os.path.isfile(path):
     raise FileNotFoundError(f'{workdir}: no metrics.jsonl (not a run directory?)')
   recorded = os.path.join(workdir, 'config.json')
-  if config is None and os.path.isfile(recorded):
+  from_record = config is None and os.path.isfile(recorded)
+  if from_record:
     with open(recorded, encoding='utf-8') as f:
       config = ml_collections.ConfigDict(json.load(f))
   summary_path = os.path.join(workdir, 'summary.json')
@@ -269,7 +271,8 @@ def open_run(workdir: str, config: ml_collections.ConfigDict | None = None) -> R
   if os.path.isfile(summary_path):
     with open(summary_path, encoding='utf-8') as f:
       summary = json.load(f)
-  return Run(config=config, workdir=workdir, summary=summary, records=_read_records(path))
+  return Run(config=config, workdir=workdir, summary=summary, records=_read_records(path),
+             mesh_from_record=from_record)
 
 
 def _read_records(path: str) -> list[dict[str, Any]]:
@@ -289,6 +292,7 @@ class Run:
   workdir: str
   summary: dict
   records: list[dict[str, Any]]
+  mesh_from_record: bool = False   # config.mesh is the run's, maybe for other devices than here
 
   def _kind(self, *kinds: str) -> list[dict[str, Any]]:
     return [r for r in self.records if r.get('kind') in kinds]
@@ -329,7 +333,16 @@ class Run:
     if self.config is None:
       raise ValueError(f'{self.workdir}: the run was opened without its config; '
                        'pass config= to open_run')
-    return load_policy(self.config, self.workdir)
+    config = self.config
+    if self.mesh_from_record:   # trained on 8 devices, opened in a 1-device notebook: fine
+      import jax  # pylint: disable=g-import-not-at-top
+      from rft_jax.parallel import mesh as meshlib  # pylint: disable=g-import-not-at-top
+      try:
+        meshlib.mesh_shape(config.mesh, jax.device_count())
+      except meshlib.MeshError:
+        config = copy.deepcopy(config)
+        config.mesh = ml_collections.ConfigDict({'data': -1, 'fsdp': 1, 'tensor': 1})
+    return load_policy(config, self.workdir)
 
   def __repr__(self) -> str:
     name = self.config.name if self.config is not None else '?'

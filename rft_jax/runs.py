@@ -166,7 +166,8 @@ def check_workdir_config(config, workdir: str) -> None:
   SetupError naming the first differing key, before any checkpoint is touched: restoring would
   fail on shapes (and used to set good checkpoints aside as unusable) or silently continue one
   algorithm's run with another's. A workdir without config.json (written by an older rft_jax) is
-  not checked and gets one.
+  not checked and gets one. model.path may change (a moved directory; recorded absolute, the
+  same directory reached by another relative path would read as another).
   """
   path = os.path.join(workdir, RUN_CONFIG)
   if os.path.isfile(path):
@@ -187,15 +188,28 @@ def check_workdir_config(config, workdir: str) -> None:
             'it, or use a new --workdir')
 
 
+# Config keys that name files: recorded as absolute paths, so that api.open_run(workdir) finds
+# them from any directory.
+_PATH_KEYS = ('tokenizer.path', 'init_from', 'model.path', 'task.data_dir', 'task.manual_dir')
+
+
 def record_workdir_config(config, workdir: str) -> None:
-  """Writes workdir/config.json if it is not there (see check_workdir_config)."""
+  """Writes workdir/config.json (see check_workdir_config): this invocation's config, so the
+  latest train.steps, mesh, ...; file paths made absolute (_PATH_KEYS)."""
+  if jax.process_index() != 0:
+    return
+  record = _config_json(config)
+  for key in _PATH_KEYS:
+    section, _, name = key.rpartition('.')
+    holder = record.get(section, {}) if section else record
+    if isinstance(holder, dict) and isinstance(holder.get(name), str) and holder[name]:
+      holder[name] = os.path.abspath(os.path.expanduser(holder[name]))
   path = os.path.join(workdir, RUN_CONFIG)
-  if jax.process_index() == 0 and not os.path.isfile(path):
-    os.makedirs(workdir, exist_ok=True)
-    tmp = path + '.tmp'
-    with open(tmp, 'w', encoding='utf-8') as f:
-      json.dump(_config_json(config), f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+  os.makedirs(workdir, exist_ok=True)
+  tmp = path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    json.dump(record, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
 
 
 def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra=(),

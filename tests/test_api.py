@@ -3,6 +3,7 @@ the README's example run verbatim."""
 import ast
 import glob
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -143,7 +144,7 @@ def test_importing_the_api_does_not_import_jax():
 
 # --- Runs ------------------------------------------------------------------------------------
 
-def test_history_is_the_metrics_file(run):
+def test_history_is_the_metrics_file(run, tmp_path_factory):
   path = os.path.join(run.workdir, 'metrics.jsonl')
   assert run.history == sinks.read_jsonl(path, kind='train')
   assert [r['step'] for r in run.history] == list(range(1, STEPS + 1))
@@ -158,10 +159,33 @@ def test_history_is_the_metrics_file(run):
   reopened = api.open_run(run.workdir)
   assert reopened.history == run.history and reopened.summary == run.summary
   # The config comes from the workdir's config.json, so the trained policy loads without it.
-  assert reopened.config.to_dict() == run.config.to_dict()
+  mine, theirs = run.config.to_dict(), reopened.config.to_dict()
+  for section, key in (('tokenizer', 'path'), (None, 'init_from')):   # recorded absolute
+    holder_mine, holder_theirs = (mine, theirs) if section is None else (mine[section],
+                                                                         theirs[section])
+    assert holder_theirs[key] == os.path.abspath(holder_mine[key])
+    holder_theirs[key] = holder_mine[key]
+  assert theirs == mine
   assert reopened.policy.step == STEPS
   for a, b in zip(jax.tree.leaves(reopened.policy.params), jax.tree.leaves(run.policy.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # From another directory (the recorded paths are absolute), with a mesh recorded for more
+  # devices than are here (a run finished on 8, opened in a 1-device notebook).
+  recorded = os.path.join(run.workdir, 'config.json')
+  with open(recorded) as f:
+    saved = json.load(f)
+  assert os.path.isabs(saved['tokenizer']['path'])
+  elsewhere = {**saved, 'mesh': {'data': 2, 'fsdp': 2, 'tensor': 2 * jax.device_count()}}
+  with open(recorded, 'w') as f:
+    json.dump(elsewhere, f)
+  cwd = os.getcwd()
+  os.chdir(tmp_path_factory.mktemp('elsewhere'))
+  try:
+    assert api.open_run(run.workdir).policy.step == STEPS
+  finally:
+    os.chdir(cwd)
+    with open(recorded, 'w') as f:
+      json.dump(saved, f)
   os.rename(os.path.join(run.workdir, 'config.json'), os.path.join(run.workdir, 'c.json'))
   try:   # a workdir of an older rft_jax has none
     with pytest.raises(ValueError, match='without its config'):
