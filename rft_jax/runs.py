@@ -1,6 +1,6 @@
 """A run's workdir lifecycle, shared by the RL and SFT loops: create or resume, summarise, close.
 
-  workdir/config.json           the config the run started with; a later invocation must share
+  workdir/config.json           the latest invocation's config; a later invocation must share
                                 its recipe, model and algorithm (check_workdir_config)
   workdir/checkpoints/<step>/   orbax: train state, data-iterator state, run metadata
   workdir/metrics.jsonl         one line per step / eval / message / incident
@@ -160,7 +160,7 @@ def check_workdir_config(config, workdir: str) -> None:
   """Refuses to continue a workdir that another recipe, model or algorithm wrote (then
   record_workdir_config records the config of a run that opened).
 
-  workdir/config.json is written when a run first opens the workdir (JSON of config.to_dict();
+  workdir/config.json is written each time a run opens the workdir (JSON of config.to_dict();
   values JSON cannot hold are written as strings). A later invocation whose recipe name, model
   section (except dtype, remat, scan_layers, path) or algo.advantage/loss/critic differ raises
   SetupError naming the first differing key, before any checkpoint is touched: restoring would
