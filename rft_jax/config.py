@@ -42,6 +42,10 @@ def is_dpo(config: ml_collections.ConfigDict) -> bool:
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError naming the first bad key of `config`; returns None if it is usable."""
+  if is_sft(config) or is_dpo(config):   # run only by the RL loop: here they would do nothing
+    for name in OPTIONAL_SECTIONS:
+      if name in config:
+        raise ConfigError(name, 'run only by the RL loop; SFT and DPO recipes do not use it')
   _check_section(config, SCHEMA, '',
                  optional=RL_SECTIONS + SFT_SECTIONS + DPO_SECTIONS + OPTIONAL_SECTIONS)
   required = SFT_SECTIONS if is_sft(config) else RL_SECTIONS
@@ -104,7 +108,7 @@ def _check_monitor_and_faults(config) -> None:
   if 'faults' in config:
     from rft_jax import faults  # pylint: disable=g-import-not-at-top  (no JAX inside)
     try:
-      faults.check_faults(list(config.faults))
+      faults.check_faults(list(config.faults), total_steps=config.train.steps)
     except ValueError as e:
       key, _, reason = str(e).partition(': ')
       raise ConfigError(key, reason) from None

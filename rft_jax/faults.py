@@ -81,21 +81,42 @@ FAULTS: dict[str, FaultType] = {
     'resume': FaultType('benign', (), 1.0),
 }
 FAULT_TYPES = tuple(FAULTS)
+# Strengths that are a fraction of groups/prompts/rewards, and those that are a token count.
+FRACTION_STRENGTHS = ('reward_noise', 'reward_sign_flip', 'group_shuffle', 'adv_sign_flip',
+                      'answer_key_corrupt')
+TOKEN_STRENGTHS = ('truncation',)
+_FAULT_KEYS = ('type', 'onset_step', 'strength', 'duration')
 
 
-def check_faults(faults: Sequence[Mapping[str, Any]]) -> None:
-  """Raises ValueError('faults[i].key: reason') for the first malformed fault."""
+def check_faults(faults: Sequence[Mapping[str, Any]], total_steps: int | None = None) -> None:
+  """Raises ValueError('faults[i].key: reason') for the first malformed fault, or one that would
+  do nothing (an onset after the run's last step, a token count below 1, ...)."""
+  is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)
   for i, f in enumerate(faults):
     if not isinstance(f, Mapping):
       raise ValueError(f'faults[{i}]: expected a dict {{type, onset_step, strength}}')
-    if f.get('type') not in FAULTS:
-      raise ValueError(f'faults[{i}].type={f.get("type")!r}: unknown fault; known: '
+    unknown = sorted(set(f) - set(_FAULT_KEYS))
+    if unknown:
+      raise ValueError(f'faults[{i}].{unknown[0]}: unknown key; a fault has '
+                       + ', '.join(_FAULT_KEYS))
+    kind = f.get('type')
+    if kind not in FAULTS:
+      raise ValueError(f'faults[{i}].type={kind!r}: unknown fault; known: '
                        + ', '.join(FAULT_TYPES))
-    if not isinstance(f.get('onset_step'), int) or f['onset_step'] < 1:
+    if not is_int(f.get('onset_step')) or f['onset_step'] < 1:
       raise ValueError(f'faults[{i}].onset_step: must be an int >= 1')
-    if not isinstance(f.get('strength'), (int, float)) or f['strength'] <= 0:
-      raise ValueError(f'faults[{i}].strength: must be a number > 0')
-    if not isinstance(f.get('duration', 0), int) or f.get('duration', 0) < 0:
+    if total_steps is not None and f['onset_step'] > total_steps:
+      raise ValueError(f'faults[{i}].onset_step: {f["onset_step"]} is after the run\'s last '
+                       f'step (train.steps={total_steps}), so it would never be injected')
+    strength = f.get('strength')
+    if (not isinstance(strength, (int, float)) or isinstance(strength, bool)
+        or not np.isfinite(strength) or strength <= 0):
+      raise ValueError(f'faults[{i}].strength: must be a finite number > 0')
+    if kind in FRACTION_STRENGTHS and strength > 1:
+      raise ValueError(f'faults[{i}].strength: {kind} takes a fraction in (0, 1], got {strength}')
+    if kind in TOKEN_STRENGTHS and strength < 1:
+      raise ValueError(f'faults[{i}].strength: {kind} takes a token count >= 1, got {strength}')
+    if not is_int(f.get('duration', 0)) or f.get('duration', 0) < 0:
       raise ValueError(f'faults[{i}].duration: must be an int >= 0 (0 = until the end)')
 
 

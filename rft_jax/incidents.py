@@ -54,6 +54,18 @@ class IncidentLog:
     return '\n'.join(lines)
 
 
+def halt_checkpoints(steps: list[int], onset: int | None) -> str:
+  """Which checkpoints a halt leaves, told apart by the fault's onset: those at or after it may
+  already carry the fault."""
+  before = [s for s in steps if onset is None or s < onset]
+  after = [s for s in steps if onset is not None and s >= onset]
+  text = (f'last checkpoint before the onset (step {onset}): step {before[-1]}' if before
+          else f'no checkpoint before the onset (step {onset})')
+  if after:
+    text += f'; checkpoint(s) {", ".join(map(str, after))} from after it may carry the fault'
+  return text
+
+
 def handle_alarms(alarms, step, remediator: Remediator, hooks, incident_log: IncidentLog,
                   health: float | None = None):
   """Reports newly fired incidents, asks the remediator what to do, judges past actions.

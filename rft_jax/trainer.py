@@ -266,9 +266,9 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
                                  health=metrics.get('reward/mean'))
         if decision is not None and decision.halt:
           raise TrainingError(
-              f'halted at step {step} by the failure monitor: {decision.reason}; last good '
-              f'checkpoint (step {ckpt.latest_step() or "none"}) kept in {workdir}; see '
-              f'{incident_log.path}')
+              f'halted at step {step} by the failure monitor: {decision.reason}; '
+              f'{incidents.halt_checkpoints(ckpt.all_steps(), decision.restore_before)} in '
+              f'{workdir}; see {incident_log.path}')
         if decision is not None and decision.restore_before is not None:
           good = [s for s in ckpt.all_steps() if s < decision.restore_before]
           if good:

@@ -248,3 +248,14 @@ def test_dpo_section_conflicts():
   config = online_dpo_arith.get_config('tiny')
   config.algo = grpo_arith.get_config().algo
   assert _error(config).key == 'algo'
+
+
+@pytest.mark.parametrize('section', ['faults', 'monitor', 'scaling'])
+def test_rl_only_sections_are_refused_where_nothing_runs_them(section):
+  """The failure monitor, fault injection and the live scaling fit run in the RL loop only: in
+  a DPO (or SFT) recipe they used to validate and then do nothing."""
+  config = online_dpo_arith.get_config('tiny')
+  with config.unlocked():
+    config[section] = [] if section == 'faults' else {'mode': 'warn'}
+  error = _error(config)
+  assert error.key == section and 'SFT and DPO recipes do not use it' in str(error)

@@ -132,6 +132,22 @@ def test_corrupt_batch_by_hand():
 def test_check_faults_names_the_problem():
   with pytest.raises(ValueError, match=r"faults\[0\].type='typo': unknown fault"):
     faults.check_faults([{'type': 'typo', 'onset_step': 1, 'strength': 1}])
+  # Specs that used to pass and then inject nothing, or something else than meant.
+  ok = {'type': 'lr_spike', 'onset_step': 3, 'strength': 50.0}
+  for bad, message in [
+      ({**ok, 'durationn': 3}, r'faults\[0\].durationn: unknown key'),
+      ({**ok, 'strength': float('nan')}, r'strength: must be a finite number > 0'),
+      ({**ok, 'strength': float('inf')}, r'strength: must be a finite number > 0'),
+      ({**ok, 'strength': True}, r'strength: must be a finite number > 0'),
+      ({**ok, 'onset_step': True}, r'onset_step: must be an int >= 1'),
+      ({**ok, 'onset_step': 999}, r"onset_step: 999 is after the run's last step \(train.steps=10"),
+      ({**ok, 'type': 'adv_sign_flip', 'strength': 7},
+       r'adv_sign_flip takes a fraction in \(0, 1\]'),
+      ({**ok, 'type': 'truncation', 'strength': 0.5}, r'truncation takes a token count >= 1'),
+  ]:
+    with pytest.raises(ValueError, match=message):
+      faults.check_faults([bad], total_steps=10)
+  faults.check_faults([ok, {**ok, 'type': 'truncation', 'strength': 2}], total_steps=10)
   assert len([f for f in faults.FAULTS.values() if f.family != 'benign']) >= 14
   assert {f.family for f in faults.FAULTS.values()} == {
       'reward', 'generation', 'optimisation', 'credit', 'environment', 'benign'}

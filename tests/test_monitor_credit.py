@@ -50,6 +50,11 @@ def test_group_corr_matches_numpy_with_masks_and_invalid_rows():
   want, want_count = reference_corr(a, x, valid, G)
   assert int(count) == want_count
   np.testing.assert_allclose(float(got), want, atol=1e-5)
+  # a non-finite advantage (rewards overflowed to Inf): NaN, not 0 (= 'half the groups reversed')
+  a_nan = a.copy()
+  a_nan[3 * G] = np.nan
+  got, _ = fn(jnp.asarray(a_nan), jnp.asarray(x), jnp.asarray(valid), G)
+  assert np.isnan(float(got))
   # no informative group at all: NaN (the monitor leaves NaN invariants untouched)
   got, count = credit.group_corr(jnp.asarray(a), jnp.ones(6 * G), jnp.asarray(valid), G)
   assert np.isnan(float(got)) and int(count) == 0

@@ -4,8 +4,9 @@ import pytest
 from rft_jax.monitor.remediation import Controls, Remediator, apply_action
 
 
-def incident(score=5.0, onset=20, severity='critical', remediation='lower_lr'):
-  return {'signature': 'gradient_explosion', 'fault_class': 'gradient_explosion',
+def incident(score=5.0, onset=20, severity='critical', remediation='lower_lr',
+             signature='gradient_explosion'):
+  return {'signature': signature, 'fault_class': signature,
           'severity': severity, 'remediation': remediation, 'onset_step': onset, 'score': score}
 
 
@@ -122,3 +123,44 @@ def test_state_survives_a_checkpoint_round_trip():
   got, want = rest(resumed), rest(straight)
   assert got == want
   assert any(action and action.startswith('escalate') for _, action, _ in want[0])
+
+
+def test_an_incident_during_a_watch_is_acted_on_when_the_watch_ends():
+  """A critical incident that fires while another action is watched is not dropped: it waits
+  and gets its own action once the watch ends, if its signature is still active. A no-op action
+  (skip_batch for a NaN loss) opens no watch, so it blocks nothing."""
+  r = Remediator('auto', Controls(), watch_steps=5)
+  feed_health(r, range(5, 13), 0.8)
+  nan = incident(signature='nan_loss', remediation='skip_batch', onset=13, score=100.0)
+  d = r.on_incident(nan, 13)
+  assert d.action == 'skip_batch' and d.restore_before is None and not r.watches
+  d = r.on_incident(incident(score=5.0, onset=14), 16)          # gradient_explosion: lower_lr
+  assert d.action == 'lower_lr' and d.restore_before == 14
+  collapse = incident(signature='reward_collapse', remediation='restore_and_lower_lr',
+                      onset=15, score=3.0)
+  assert r.on_incident(collapse, 17) is None                    # waits for the watch
+  feed_health(r, range(10, 19), 0.3)
+  d = r.on_step(19, {'gradient_explosion': 0.0, 'reward_collapse': 2.0}, 0.3)
+  assert d is not None and d.action == 'escalate_lower_lr'      # the watch's own verdict first
+  feed_health(r, range(10, 19), 0.8)
+  d = r.on_step(24, {'gradient_explosion': 0.0, 'reward_collapse': 2.0}, 0.8)
+  assert d is not None and d.action == 'restore_and_lower_lr' and d.restore_before == 15
+  # One that has gone quiet by then is dropped.
+  r2 = Remediator('auto', Controls(), watch_steps=5)
+  r2.on_incident(incident(score=5.0, onset=14), 16)
+  r2.on_incident(collapse, 17)
+  assert r2.on_step(17, {'gradient_explosion': 5.0, 'reward_collapse': 3.0}, None) is None
+  assert r2.on_step(22, {'gradient_explosion': 0.0, 'reward_collapse': 0.0}, None) is None
+  assert not r2.deferred and not r2.watches
+
+
+def test_a_halt_names_the_checkpoints_from_before_the_onset():
+  """Halting at step 17 for a fault since step 15: checkpoint 15 already holds the faulty
+  update, so the message points at 10 (it used to call 15 'the last good checkpoint')."""
+  from rft_jax import incidents   # pylint: disable=g-import-not-at-top
+  d = Remediator('halt', Controls()).on_incident(incident(onset=15), 17)
+  assert d.halt and d.restore_before == 15
+  assert incidents.halt_checkpoints([5, 10, 15], d.restore_before) == (
+      'last checkpoint before the onset (step 15): step 10; checkpoint(s) 15 from after it may '
+      'carry the fault')
+  assert incidents.halt_checkpoints([], 3) == 'no checkpoint before the onset (step 3)'

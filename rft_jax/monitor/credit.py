@@ -43,7 +43,9 @@ CORR_KEYS = ('credit/adv_reward_corr', 'credit/adv_correct_corr')
 def group_corr(a_b, x_b, valid_b, group_size: int):
   """-> (mean over informative groups of the within-group Pearson correlation of a and x,
   number of informative groups). a_b, x_b: [B]; valid_b: [B] bool (x may be NaN where invalid).
-  The mean is NaN when no group is informative."""
+  The mean is NaN when no group is informative, and when an informative group has a non-finite
+  advantage (a NaN/Inf reward): then there is no direction to check, and the nonfinite
+  invariant is what reports it (a correlation of 0 read as half the groups reversed)."""
   f32 = jnp.float32
   m = (valid_b & jnp.isfinite(x_b)).astype(f32).reshape(-1, group_size)        # [Gn, G]
   a = jnp.where(m > 0, a_b.astype(f32).reshape(-1, group_size), 0.0)
@@ -55,6 +57,7 @@ def group_corr(a_b, x_b, valid_b, group_size: int):
   cov, va, vx = (da * dx).sum(-1), (da * da).sum(-1), (dx * dx).sum(-1)
   informative = (n >= 2) & (vx > 1e-6 * (x * x).sum(-1) + 1e-12)
   rho = jnp.where(va > 0, cov / jnp.sqrt(jnp.where(va > 0, va * vx, 1.0)), 0.0)
+  rho = jnp.where(jnp.all(jnp.isfinite(a), -1), rho, jnp.nan)
   count = informative.sum()
   mean = jnp.where(count > 0, jnp.where(informative, rho, 0.0).sum() / jnp.maximum(count, 1),
                    jnp.nan)

@@ -19,7 +19,10 @@ decides. Modes (config.monitor.mode):
          end of its window, onset + watch_steps, before the step that took it). A signature
          whose action was undone gets no second action (it is still reported), and at most
          `max_restores` checkpoint restores happen per run: a fault that persists after a
-         restore would otherwise be detected, restored and replayed forever.
+         restore would otherwise be detected, restored and replayed forever. One action is
+         watched at a time: a critical incident that fires meanwhile waits, and is acted on
+         when the watch ends if its signature is still active. Actions that change nothing
+         (skip_batch, warn_only) are recorded but not watched, so they block nothing.
 
 Controls are run-time knobs (TrainState.controls and the sampler temperature):
   lower_lr          lr_scale *= lr_factor (0.1)
@@ -51,7 +54,8 @@ class Controls:
 @dataclasses.dataclass(frozen=True)
 class Decision:
   """What the trainer must do now. restore_before: restore the latest checkpoint with a step
-  strictly below this (None = no restore)."""
+  strictly below this (None = no restore); for a halt, the incident's onset (nothing restored:
+  the message names the checkpoints from before it)."""
   action: str
   controls: Controls
   restore_before: int | None = None
@@ -105,12 +109,14 @@ class Remediator:
     self.undone: set[str] = set()    # signatures whose action did not help
     self.health: dict[int, float] = {}   # step -> health signal (mean reward), latest pass
     self.watches: list[Watch] = []
+    self.deferred: list[dict[str, Any]] = []   # incidents that fired while a watch was open
     self.log: list[dict[str, Any]] = []   # decisions and verdicts not yet handed out
 
   def state_dict(self) -> dict[str, Any]:
     """JSON-friendly state (controls, watched actions, health history) for checkpoints."""
     return {'controls': self.controls.as_dict(),
             'watches': [dataclasses.asdict(w) for w in self.watches],
+            'deferred': list(self.deferred),
             'health': {str(s): v for s, v in self.health.items()},
             'restores': self.restores, 'undone': sorted(self.undone)}
 
@@ -120,6 +126,7 @@ class Remediator:
     self.watches = [Watch(**{**w, 'controls_before': Controls(**w['controls_before'])})
                     for w in d['watches']]
     self.health = {int(s): float(v) for s, v in d['health'].items()}
+    self.deferred = list(d.get('deferred', ()))
     self.restores, self.undone = int(d.get('restores', 0)), set(d.get('undone', ()))
 
   def drain_log(self) -> list[dict[str, Any]]:
@@ -132,12 +139,19 @@ class Remediator:
     critical = incident.get('severity') == 'critical'
     if self.mode in ('off', 'warn') or not critical:
       return None
-    if self.mode == 'halt' or incident['remediation'] == 'halt':
+    if self.mode == 'halt' or incident['remediation'] == 'halt':   # restore_before: the onset
       return self._record(step, Decision('halt', self.controls, halt=True,
+                                         restore_before=int(incident['onset_step']),
                                          reason=f"{incident['fault_class']} (mode {self.mode})"))
-    if self.watches:
-      return None      # one action at a time: the one being watched is judged first
+    if self.watches:   # one action at a time: this one waits for the watched one's verdict
+      if all(i['signature'] != incident['signature'] for i in self.deferred):
+        self.deferred.append(incident)
+      return None
     action = incident['remediation']
+    if action in ('skip_batch', 'warn_only'):   # nothing to judge: recorded, not watched
+      return self._record(step, Decision(action, self.controls,
+                                         reason=f"{incident['fault_class']} since step "
+                                                f"{incident['onset_step']}"))
     restoring = action in RESTORING_ACTIONS
     if incident['signature'] in self.undone or (restoring and
                                                 self.restores >= self.max_restores):
@@ -204,6 +218,10 @@ class Remediator:
             reason=(f'{w.signature}: reward {health_now:.3f} still below {w.health_before:.3f} '
                     f'before the onset')))
     self.watches = [dataclasses.replace(w, fresh=False) for w in self.watches]
+    while decision is None and not self.watches and self.deferred:
+      incident = self.deferred.pop(0)
+      if scores.get(incident['signature'], 0.0) > 0:   # still active: its turn now
+        decision = self.on_incident(incident, step)
     return decision
 
   def _record(self, step: int, d: Decision) -> Decision:
