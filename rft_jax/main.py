@@ -16,6 +16,7 @@ Any bad input (a missing or broken config file, an unknown override key, an over
 not parse, a config that fails `rft_jax.config.validate`) prints ONE line starting with 'error: '
 on stderr and exits with status 2, without a traceback and without importing JAX.
 """
+import ast
 import os
 import re
 import sys
@@ -130,6 +131,13 @@ def parse_command_line(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, 
   optional = []   # overrides of optional keys the recipe leaves out: set after absl's parse
   set_after = set()   # their argv positions (and their values' in the `--config.k v` form)
   for i, arg, key in _overrides(argv):
+    if key == 'faults':   # a list: absl's config flags override scalars only
+      text = arg.split('=', 1)[1] if '=' in arg else (argv[i + 1] if i + 1 < len(argv) else '')
+      if '=' not in arg:
+        set_after.add(i + 1)
+      optional.append(('faults', _faults_value(text)))
+      set_after.add(i)
+      continue
     if key in config_lib.OPTIONAL_KEYS and not config_lib.has_key(loaded, key):
       section, name = key.split('.')
       if section not in loaded:
@@ -151,8 +159,8 @@ def parse_command_line(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, 
     config = flag_values.config
     with config.unlocked():
       for key, value in optional:
-        section, name = key.split('.')
-        config[section][name] = value
+        section, _, name = key.rpartition('.')
+        (config[section] if section else config)[name] = value
   except flags.Error as e:
     raise UsageError(_flag_error_message(e, loaded)) from None
   except (AttributeError, KeyError) as e:  # An override key we failed to catch above.
@@ -227,6 +235,19 @@ def _overrides(argv: list[str]) -> list[tuple[int, str, str]]:
     if match:
       found.append((i, arg, match.group(1)))
   return found
+
+
+def _faults_value(text: str) -> list:
+  """`--config.faults="[{'type': 'lr_spike', 'onset_step': 15, 'strength': 50}]"` -> the list
+  (a Python literal, read with ast.literal_eval); config.validate checks it as a recipe's."""
+  try:
+    value = ast.literal_eval(text)
+  except (SyntaxError, ValueError) as e:
+    raise UsageError(f'--config.faults={text!r}: not a Python list of fault dicts '
+                     f'({type(e).__name__})') from None
+  if not isinstance(value, (list, tuple)):
+    raise UsageError(f'--config.faults={text!r}: expected a list of fault dicts')
+  return list(value)
 
 
 def _optional_value(arg: str, key: str) -> Any:

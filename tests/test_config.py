@@ -551,3 +551,20 @@ def test_unusable_input_files_are_one_line_at_load(make, override, message, tmp_
          if not line.startswith('WARNING:absl:')]
   assert rc == 2 and len(err) == 1, err
   assert re.match('error: ' + message, err[0]), err[0]
+
+
+def test_faults_from_the_command_line(monkeypatch):
+  """A list cannot go through absl's config flags: --config.faults takes a Python literal, and
+  config.validate then checks it as it checks a recipe's."""
+  monkeypatch.chdir(REPO)
+  spec = "[{'type': 'lr_spike', 'onset_step': 3, 'strength': 50.0}]"
+  for args in (['--config.faults=' + spec], ['--config.faults', spec]):
+    config, _, _ = main_lib.parse_command_line(['main', '--config', 'configs/grpo_arith.py:tiny',
+                                                *args])
+    assert list(config.faults) == [{'type': 'lr_spike', 'onset_step': 3, 'strength': 50.0}]
+  result = _cli('--config', 'configs/grpo_arith.py:tiny', '--validate_only',
+                "--config.faults=[{'type': 'lr_spike', 'onset_step': 3}]")
+  _assert_usage_error(result, 'config.faults[0].strength: must be a finite number > 0')
+  result = _cli('--config', 'configs/grpo_arith.py:tiny', '--validate_only',
+                '--config.faults=lr_spike')
+  _assert_usage_error(result, "--config.faults='lr_spike': not a Python list of fault dicts")
