@@ -131,26 +131,21 @@ def parse_command_line(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, 
   optional = []   # overrides of optional keys the recipe leaves out: set after absl's parse
   set_after = set()   # their argv positions (and their values' in the `--config.k v` form)
   for i, arg, key in _overrides(argv):
+    if '=' not in arg and _set_by_us_with_value(key) and i + 1 < len(argv):
+      with_value = f'{arg}={argv[i + 1]}'   # `--config.k v`, as absl takes it for other keys
+    else:
+      with_value = arg
     if key == 'faults':   # a list: absl's config flags override scalars only
-      text = arg.split('=', 1)[1] if '=' in arg else (argv[i + 1] if i + 1 < len(argv) else '')
-      if '=' not in arg:
-        set_after.add(i + 1)
-      optional.append(('faults', _faults_value(text)))
-      set_after.add(i)
-      continue
-    if key in config_lib.OPTIONAL_KEYS and not config_lib.has_key(loaded, key):
-      section, name = key.split('.')
+      optional.append(('faults', _faults_value(with_value.partition('=')[2])))
+    elif key in config_lib.OPTIONAL_KEYS and not config_lib.has_key(loaded, key):
+      section = key.split('.')[0]
       if section not in loaded:
         raise UsageError(f'config key {key!r} in {arg}: this recipe has no {section!r} section')
-      with_value = arg
-      if '=' not in arg and config_lib.SCHEMA[section][name] is not bool and i + 1 < len(argv):
-        # `--config.k v`, as absl takes it for the recipe's own keys
-        with_value = f'{arg}={argv[i + 1]}'
-        set_after.add(i + 1)
       optional.append((key, _optional_value(with_value, key)))
-      set_after.add(i)
+    else:
+      _check_override_key(loaded, key, arg)
       continue
-    _check_override_key(loaded, key, arg)
+    set_after.update((i, i + 1) if with_value != arg else (i,))
   argv = [a for j, a in enumerate(argv) if j not in set_after]
 
   flag_values = _define_flags(argv)
@@ -235,6 +230,15 @@ def _overrides(argv: list[str]) -> list[tuple[int, str, str]]:
     if match:
       found.append((i, arg, match.group(1)))
   return found
+
+
+def _set_by_us_with_value(key: str) -> bool:
+  """Whether `--config.<key> v` is one of ours (parsed here, not by absl) that takes a value:
+  config.faults, or an optional key that is not a bool (a bool flag takes none)."""
+  if key == 'faults':
+    return True
+  section, _, name = key.partition('.')
+  return key in config_lib.OPTIONAL_KEYS and config_lib.SCHEMA[section][name] is not bool
 
 
 def _faults_value(text: str) -> list:

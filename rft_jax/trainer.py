@@ -267,7 +267,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
         if decision is not None and decision.halt:
           raise TrainingError(
               f'halted at step {step} by the failure monitor: {decision.reason}; '
-              f'{incidents.halt_checkpoints(ckpt.all_steps(), decision.restore_before)} in '
+              f'{incidents.halt_checkpoints(ckpt.all_steps(), decision.onset)} in '
               f'{workdir}; see {incident_log.path}')
         if decision is not None and decision.restore_before is not None:
           good = [s for s in ckpt.all_steps() if s < decision.restore_before]

@@ -159,8 +159,8 @@ def test_a_halt_names_the_checkpoints_from_before_the_onset():
   update, so the message points at 10 (it used to call 15 'the last good checkpoint')."""
   from rft_jax import incidents   # pylint: disable=g-import-not-at-top
   d = Remediator('halt', Controls()).on_incident(incident(onset=15), 17)
-  assert d.halt and d.restore_before == 15
-  assert incidents.halt_checkpoints([5, 10, 15], d.restore_before) == (
+  assert d.halt and d.onset == 15 and d.restore_before is None   # a halt restores nothing
+  assert incidents.halt_checkpoints([5, 10, 15], d.onset) == (
       'last checkpoint before the onset (step 15): step 10; checkpoint(s) 15 from after it may '
       'carry the fault')
   assert incidents.halt_checkpoints([], 3) == 'no checkpoint before the onset (step 3)'

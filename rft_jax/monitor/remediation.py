@@ -54,11 +54,12 @@ class Controls:
 @dataclasses.dataclass(frozen=True)
 class Decision:
   """What the trainer must do now. restore_before: restore the latest checkpoint with a step
-  strictly below this (None = no restore); for a halt, the incident's onset (nothing restored:
-  the message names the checkpoints from before it)."""
+  strictly below this (None = no restore). onset: the incident's onset step (a halt's message
+  names the checkpoints from before it)."""
   action: str
   controls: Controls
   restore_before: int | None = None
+  onset: int | None = None
   reset_reference: bool = False
   halt: bool = False
   reason: str = ''
@@ -139,9 +140,9 @@ class Remediator:
     critical = incident.get('severity') == 'critical'
     if self.mode in ('off', 'warn') or not critical:
       return None
-    if self.mode == 'halt' or incident['remediation'] == 'halt':   # restore_before: the onset
+    if self.mode == 'halt' or incident['remediation'] == 'halt':
       return self._record(step, Decision('halt', self.controls, halt=True,
-                                         restore_before=int(incident['onset_step']),
+                                         onset=int(incident['onset_step']),
                                          reason=f"{incident['fault_class']} (mode {self.mode})"))
     if self.watches:   # one action at a time: this one waits for the watched one's verdict
       if all(i['signature'] != incident['signature'] for i in self.deferred):
