@@ -44,6 +44,8 @@ def get_config(arg: str = ''):
   config.rewards = ml_collections.ConfigDict()
   config.rewards.weights = ml_collections.ConfigDict({'correct': 1.0, 'format': 0.1})
   config.rewards.timeout_s = 2.0    # per completion; a hanging verifier cannot hang the run
+  # Worker processes for verifiers that are not inline (correct and format are: they are
+  # scored in this process, untimed, and no worker starts for them).
   config.rewards.num_workers = 2
   # A step where more than this fraction of samples could not be scored (a verifier raised or
   # timed out) stops the run, naming the verifier and an input; below it, those samples are

@@ -148,3 +148,32 @@ def uses_its_own_alarm(completion: str, answer: str) -> float:
     if completion != 'keep':   # 'keep': leaves its own handler installed
       signal.signal(signal.SIGALRM, old)
   return value
+
+
+@verifiers.register_verifier('test_equal')
+def equal(completion: str, answer: str) -> float:
+  """1.0 iff completion == answer: a plain verifier that runs in the workers."""
+  return float(completion == answer)
+
+
+@verifiers.register_verifier('test_in_process')
+def in_process(completion: str, answer: str) -> float:
+  """1.0 iff it runs in the process whose pid is `answer` (runs in the workers)."""
+  del completion
+  return float(os.getpid() == int(answer))
+
+
+@verifiers.register_verifier('test_in_process_inline', inline=True)
+def in_process_inline(completion: str, answer: str) -> float:
+  """As in_process, registered inline (runs in the caller's process)."""
+  del completion
+  return float(os.getpid() == int(answer))
+
+
+@verifiers.register_verifier('test_interrupts_inline', inline=True)
+def interrupts_inline(completion: str, answer: str) -> float:
+  """Raises KeyboardInterrupt on 'interrupt' (a second Ctrl-C inside inline scoring)."""
+  del answer
+  if completion == 'interrupt':
+    raise KeyboardInterrupt
+  return 1.0

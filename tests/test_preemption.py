@@ -84,11 +84,24 @@ def test_sigterm_checkpoints_exits_75_and_resumes_exactly(tmp_path):
 
 def test_sigterm_to_the_process_group_spares_the_reward_workers(tmp_path):
   """The reward workers get the group's SIGTERM too; they ignore it, so the steps go on, the
-  run checkpoints and exits 75 (it used to end as a reward failure: workers died, exit 1)."""
+  run checkpoints and exits 75 (it used to end as a reward failure: workers died, exit 1).
+  The recipe's own verifier runs in the workers (the built-in ones are inline)."""
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
   workdir = str(tmp_path / 'group')
+  recipe = tmp_path / 'own_verifier.py'
+  recipe.write_text(
+      'from configs import grpo_arith\n'
+      'from rft_jax.rewards.verifiers import register_verifier\n\n\n'
+      "@register_verifier('short_preemption_test')\n"
+      'def short(completion, answer):\n'
+      '  return float(len(completion) < 8)\n\n\n'
+      "def get_config(arg=''):\n"
+      "  config = grpo_arith.get_config('tiny')\n"
+      "  config.rewards.weights = {'correct': 1.0, 'format': 0.1, 'short_preemption_test': 0.0}\n"
+      '  return config\n')
   swap = {'--config.rewards.num_workers=0': '--config.rewards.num_workers=2',
-          f'--config.train.steps={STEPS}': f'--config.train.steps={GROUP_STEPS}'}
+          f'--config.train.steps={STEPS}': f'--config.train.steps={GROUP_STEPS}',
+          'configs/grpo_arith.py:tiny': str(recipe)}
   cmd = [swap.get(a, a) for a in command(workdir)]
   err = sigterm_after_three_steps(cmd, workdir, env, children_first=True)
   assert err.strip().splitlines()[-1].startswith('stopped: SIGTERM at step'), err

@@ -235,12 +235,15 @@ def test_stuck_worker_is_replaced():
     old_pids = runner.worker_pids
     t0 = time.monotonic()
     result = runner(completions, answers)
-    assert time.monotonic() - t0 < 15.0  # Deadline: 3 samples * 2 verifiers * 0.2 s + 2 s.
+    assert time.monotonic() - t0 < 15.0  # Deadline: 3 samples * 1 verifier * 0.2 s + 2 s.
     assert result.stuck_chunks == 1 and runner.workers_replaced == 1
     np.testing.assert_array_equal(result.valid, [False, False, False, True, True, True])
     np.testing.assert_array_equal(result.total, [0.0, 0.0, 0.0, 1.5, 1.5, 0.5])
-    assert np.isnan(result.per_verifier['correct'][:3]).all()
-    assert result.timeouts == {'correct': 3, 'test_stuck_on_hang': 3}
+    # 'correct' is inline (scored in this process): its values stand; the stuck chunk's
+    # verifier has none.
+    np.testing.assert_array_equal(result.per_verifier['correct'], [1, 0, 1, 1, 1, 0])
+    assert np.isnan(result.per_verifier['test_stuck_on_hang'][:3]).all()
+    assert result.timeouts == {'correct': 0, 'test_stuck_on_hang': 3}
     assert result.metrics()['reward/stuck_chunks'] == 1.0
     # The stuck worker was killed; the next call starts a new one beside the healthy one.
     again = runner(completions[2:], answers[2:])
@@ -296,7 +299,7 @@ def test_a_runner_never_closed_does_not_hold_up_exit():
   # wait for them at exit, and they for their next task.
   code = ('import sys; sys.path.insert(0, sys.argv[1]); import reward_fixtures; '
           'from rft_jax.rewards.runner import RewardRunner; '
-          "r = RewardRunner({'correct': 1.0}, num_workers=2); "
+          "r = RewardRunner({'test_equal': 1.0}, num_workers=2); "
           "total = r(['1', '2'], ['1', '3']).total.sum(); "
           "print(*r.worker_pids, total, flush=True)")
   import subprocess  # pylint: disable=g-import-not-at-top
@@ -313,7 +316,7 @@ def test_a_runner_never_closed_does_not_hold_up_exit():
 
 
 def test_workers_started_without_waiting_are_waited_for_by_the_first_call():
-  with RewardRunner({'correct': 1.0}, num_workers=2) as runner:
+  with RewardRunner({'test_equal': 1.0}, num_workers=2) as runner:
     runner.start(wait=False)
     pids = runner.worker_pids
     runner.start(wait=False)   # nothing more to start
@@ -322,13 +325,48 @@ def test_workers_started_without_waiting_are_waited_for_by_the_first_call():
     assert result.total.tolist() == [1.0, 0.0, 1.0] and runner.worker_pids == pids
 
 
+def test_inline_verifiers_score_in_this_process_beside_the_workers():
+  """Verifiers registered inline=True run here; the others in the workers, in the same call."""
+  pid = str(os.getpid())
+  with RewardRunner({'test_in_process_inline': 1.0, 'test_in_process': 2.0},
+                    num_workers=2) as runner:
+    result = runner(['a'] * 4, [pid] * 4)
+    assert len(runner.worker_pids) == 2
+  assert result.per_verifier['test_in_process_inline'].tolist() == [1.0] * 4
+  assert result.per_verifier['test_in_process'].tolist() == [0.0] * 4
+  assert result.total.tolist() == [1.0] * 4 and result.valid.all()
+
+
+def test_only_inline_verifiers_start_no_workers():
+  completions, answers = _batch()
+  with RewardRunner({'correct': 1.0, 'format': 0.25}, num_workers=2) as runner:
+    runner.start(wait=False)
+    result = runner(completions, answers)
+    assert runner.worker_pids == []
+  want = [verifiers.correct(c, a) + 0.25 * verifiers.format_ok(c, a)
+          for c, a in zip(completions, answers)]
+  np.testing.assert_allclose(result.total, want, rtol=1e-6)
+
+
+def test_an_interrupt_while_scoring_inline_leaves_no_answer_for_the_next_call():
+  """The workers' chunks are out while the inline verifiers run; an interrupt there ends the
+  workers, so the next call cannot read the interrupted call's answers as its own."""
+  with RewardRunner({'test_interrupts_inline': 1.0, 'test_equal': 1.0},
+                    num_workers=2) as runner:
+    with pytest.raises(KeyboardInterrupt):
+      runner(['interrupt', 'x', 'y', 'z'], ['interrupt', 'x', 'y', 'z'])
+    assert runner.worker_pids == []
+    result = runner(['1', '2'], ['1', '3'])
+  assert result.total.tolist() == [2.0, 1.0] and result.valid.all()
+
+
 def test_a_script_without_a_main_guard_is_told_why_its_workers_die(tmp_path):
   # spawn imports the main script again in each worker; one that starts the runner at import
   # time fails there, and the parent's error says so instead of only "EOFError".
   script = tmp_path / 'train.py'
   script.write_text('import sys; sys.path.insert(0, sys.argv[1]); import reward_fixtures\n'
                     'from rft_jax.rewards.runner import RewardRunner\n'
-                    "r = RewardRunner({'correct': 1.0}, num_workers=1)\n"
+                    "r = RewardRunner({'test_equal': 1.0}, num_workers=1)\n"
                     "r.start(wait=False)\n"   # as the trainer: the error comes at the first call
                     "r(['1'], ['1'])\n")
   import subprocess  # pylint: disable=g-import-not-at-top
@@ -354,3 +392,28 @@ def test_timeouts_survive_a_verifier_that_uses_sigalrm_itself():
   assert result.valid.tolist() == [True, True, False, True]
   assert result.timeouts == {'test_uses_its_own_alarm': 1} and result.stuck_chunks == 0
   assert elapsed < 5.0, elapsed
+
+
+def test_a_verifier_from_a_file_loaded_by_path_runs_in_a_worker(tmp_path):
+  """absl loads a recipe file from its path as module `config_config`, which a worker cannot
+  import by that name: its verifiers go to the workers by value (every worker died at start-up:
+  ModuleNotFoundError)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path = tmp_path / 'recipe_with_verifier.py'
+  path.write_text('from rft_jax.rewards.verifiers import register_verifier\n\n\n'
+                  "@register_verifier('test_from_a_path')\n"
+                  'def longer_than_answer(completion, answer):\n'
+                  '  return float(len(completion) > int(answer))\n')
+  spec = importlib.util.spec_from_file_location('config_config_test', path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module
+  try:
+    spec.loader.exec_module(module)
+    assert not runner_lib._importable_by_name(spec.name)  # pylint: disable=protected-access
+    with RewardRunner({'test_from_a_path': 1.0}, num_workers=1) as runner:
+      result = runner(['abc', 'a'], ['2', '2'])
+  finally:
+    del sys.modules[spec.name]
+  assert result.total.tolist() == [1.0, 0.0] and result.errors == {'test_from_a_path': 0}, (
+      result.error_messages)
+  assert runner_lib._importable_by_name('reward_fixtures')  # pylint: disable=protected-access

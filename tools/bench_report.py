@@ -90,8 +90,13 @@ def summarise(steps: list[dict]) -> dict:
           if any(k in s for s in steps)}
 
 
+def _sec(x: float) -> str:
+  """Seconds, with two significant digits below 10 ms (the verifier's ~0.4 ms read 0.000)."""
+  return f'{x:.3f}' if abs(x) >= 0.01 else f'{x:.5f}'
+
+
 def _s(phase: dict | None) -> str:
-  return f"{phase['median']:.3f}" if phase else '—'
+  return _sec(phase['median']) if phase else '—'
 
 
 def markdown(result: dict) -> str:
@@ -118,8 +123,8 @@ def markdown(result: dict) -> str:
   for k, label in PHASES:
     p = rft['phases'].get(k)
     if p:
-      lines.append(f"| rft_jax {label} s (median / min / max) | {p['median']:.3f} / "
-                   f"{p['min']:.3f} / {p['max']:.3f} |")
+      lines.append(f"| rft_jax {label} s (median / min / max) | {_sec(p['median'])} / "
+                   f"{_sec(p['min'])} / {_sec(p['max'])} |")
   d = rft['derived']
   lines += [
       f"| prefill prompt tokens/s (each prompt once, shared by its group) | "

@@ -42,8 +42,8 @@ class Workload:
   tie_word_embeddings: bool = False
   attention_bias: bool = False   # q/k/v biases (Qwen2)
   dtype: str = 'float32'         # compute dtype; parameters and optimizer state stay float32
-  reward_workers: int = 2        # rft_jax's verifier processes (the recipes' rewards.num_workers;
-  #                                0 scores in the trainer's process, as TRL does)
+  reward_workers: int = 2        # rft_jax's verifier processes (the recipes' rewards.num_workers);
+  #                                first_even is inline, so they start only for other verifiers
 
   @property
   def rows(self) -> int:
@@ -79,9 +79,12 @@ GPU_0P5B = Workload(vocab_size=151936, hidden_size=896, intermediate_size=4864,
 PRESETS = {'issue11': ISSUE, 'tiny': TINY, 'gpu_0p5b': GPU_0P5B}
 
 
-@register_verifier('first_even')
+@register_verifier('first_even', inline=True)
 def first_even(completion: str, answer: str) -> float:
-  """1.0 when the completion's first word is 't<even id>', else 0.0 (answer unused)."""
+  """1.0 when the completion's first word is 't<even id>', else 0.0 (answer unused).
+
+  Inline (scored in the trainer's process, untimed, as TRL calls its reward function): a split
+  and an int() of at most 4300 digits, bounded by the completion's length."""
   del answer
   words = completion.split()
   return float(bool(words) and words[0][1:].isdigit() and int(words[0][1:]) % 2 == 0)

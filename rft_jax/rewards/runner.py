@@ -4,6 +4,11 @@
       result = runner(completions, answers)   # RewardResult; result.total is float32 [N]
       log(result.metrics())
 
+Verifiers registered `inline=True` (verifiers.register_verifier; the built-in `correct` and
+`format`: bounded-time string checks) are scored in the calling process with no timer, while
+the workers score the others; a raise is still an error for that sample. The rest is for the
+others.
+
 Isolation, from the inside out:
   1. (scoring.py) Each (sample, verifier) call runs under a SIGALRM timer (`timeout_s`). A call
      that runs past it is interrupted and recorded as a timeout; the rest of the chunk is still
@@ -44,6 +49,7 @@ import cloudpickle
 import numpy as np
 
 from rft_jax.rewards import verifiers
+from rft_jax.rewards.result import RewardResult
 from rft_jax.rewards.scoring import ERROR, OK, TIMEOUT, score_chunk, truncate
 
 # Names that would collide with the runner's own metric groups.
@@ -133,62 +139,31 @@ class _Worker:
     self.conn.close()
 
 
-def _nan_mean(x: np.ndarray) -> float:
-  return float(x.mean()) if x.size else float('nan')
+def _importable_by_name(module_name: str) -> bool:
+  """Whether a fresh process could import `module_name`: its top-level package is found by
+  the import system's finders (sys.path, an editable install's finder), not only present in
+  this process's sys.modules."""
+  top = module_name.partition('.')[0]
+  for finder in sys.meta_path:   # classes (PathFinder) and instances
+    find_spec = getattr(finder, 'find_spec', None)
+    try:
+      if find_spec is not None and find_spec(top, None) is not None:
+        return True
+    except Exception:  # pylint: disable=broad-exception-caught  (a finder's own failure)
+      continue
+  return False
 
 
-def _nan_std(x: np.ndarray) -> float:
-  return float(x.std()) if x.size else float('nan')
-
-
-@dataclasses.dataclass
-class RewardResult:
-  """Rewards for a batch of N completions.
-
-  Attributes:
-    total: float32 [N], sum over verifiers of weight * value; 0.0 where not `valid`.
-    per_verifier: name -> float32 [N] verifier value; NaN where that verifier raised or timed out.
-    valid: bool [N], False where any verifier raised or timed out for that sample.
-    errors: name -> number of samples where that verifier raised.
-    timeouts: name -> number of samples where that verifier timed out (or its chunk was stuck).
-    error_messages: name -> the first error message of that verifier in this batch.
-    stuck_chunks: chunks abandoned by the safety net (their worker did not answer in time).
-  """
-  total: np.ndarray
-  per_verifier: dict[str, np.ndarray]
-  valid: np.ndarray
-  errors: dict[str, int]
-  timeouts: dict[str, int]
-  error_messages: dict[str, str] = dataclasses.field(default_factory=dict)
-  stuck_chunks: int = 0
-
-  def out_of_range_frac(self, weights: Mapping[str, float]) -> float:
-    """Share of valid samples whose total lies outside [lo, hi], the range weighted verifiers
-    scoring in [0, 1] can produce: lo = sum_v min(w_v, 0), hi = sum_v max(w_v, 0) (with a
-    float32 rounding margin). Non-zero means something between the verifiers and the trainer
-    changed the reward (a scale, a sign, an undeclared shaping term) or a verifier broke its
-    [0, 1] contract; the monitor's invariant/reward_out_of_range."""
-    w = np.asarray([float(weights.get(n, 0.0)) for n in self.per_verifier], np.float64)
-    lo, hi = np.minimum(w, 0).sum(), np.maximum(w, 0).sum()
-    margin = 1e-5 * max(1.0, np.abs(w).sum())
-    t = np.asarray(self.total, np.float64)[self.valid]
-    return float(np.mean((t < lo - margin) | (t > hi + margin))) if t.size else 0.0
-
-  def metrics(self) -> dict[str, float]:
-    """Flat scalar metrics: per-verifier mean and std over valid samples, error/timeout counts,
-    invalid fraction."""
-    out = {}
-    for name, values in self.per_verifier.items():
-      out[f'reward/{name}/mean'] = _nan_mean(values[self.valid])
-      out[f'reward/{name}/std'] = _nan_std(values[self.valid])
-    out['reward/total/mean'] = _nan_mean(self.total[self.valid])
-    for name, count in self.errors.items():
-      out[f'reward/errors/{name}'] = float(count)
-    for name, count in self.timeouts.items():
-      out[f'reward/timeouts/{name}'] = float(count)
-    out['reward/invalid_frac'] = float(1.0 - self.valid.mean()) if self.valid.size else 0.0
-    out['reward/stuck_chunks'] = float(self.stuck_chunks)
-    return out
+def _pickle_for_workers(fn) -> bytes:
+  """cloudpickle of a verifier for the workers: by module and name where a worker can import
+  the module, by value where it cannot. A recipe file loaded from its path (absl names its
+  module `config_config`) is in this process's sys.modules only; its verifiers went by name,
+  and every worker died at start-up (ModuleNotFoundError)."""
+  module = sys.modules.get(getattr(fn, '__module__', None) or '')
+  if module is not None and module.__name__ != '__main__' and not _importable_by_name(
+      module.__name__):
+    cloudpickle.register_pickle_by_value(module)
+  return cloudpickle.dumps(fn)
 
 
 def _start_hint() -> str:
@@ -232,27 +207,32 @@ class RewardRunner:
       if name in _RESERVED_NAMES:
         raise ValueError(f'verifier name {name!r} is reserved for reward metrics')
       self._fns.append((name, verifiers.get_verifier(name)))
+    # Rows of the [V, N] results: verifiers scored here untimed, and those isolated (workers,
+    # or here under the timer when num_workers=0).
+    self._inline_v = [v for v, (_, fn) in enumerate(self._fns) if verifiers.is_inline(fn)]
+    self._isolated_v = [v for v in range(len(self._fns)) if v not in self._inline_v]
     self._weights_v = np.asarray([float(weights[n]) for n, _ in self._fns], np.float32)
     self.timeout_s = float(timeout_s)
     self.num_workers = int(num_workers)
     self.grace_s = float(grace_s)
     self.memory_mb = int(memory_mb)
     self.workers_replaced = 0  # Workers the safety net killed (stuck) or found dead.
-    self._workers: list[_Worker | None] = [None] * self.num_workers   # changed in place only
+    # No workers when every verifier is inline. Changed in place only.
+    self._workers: list[_Worker | None] = [None] * (self.num_workers if self._isolated_v else 0)
     self._starting: set[int] = set()   # workers started without waiting for their answer
     # Workers are not daemons (a verifier may start processes of its own), so a runner dropped
     # without close() must still end them: at garbage collection, or at exit (_close_at_exit).
     weakref.finalize(self, _close_workers, self._workers)
     _LIVE_RUNNERS.add(self)
-    if self.num_workers:
+    if self._workers:
       # cloudpickle sends functions of an importable module by name (the worker imports the
       # module) and the rest by value: a verifier defined in a notebook cell, a lambda, a
       # closure. Plain pickle could name __main__'s functions but a spawned worker of a
       # notebook or `python -c` cannot import __main__, and died at start-up.
       self._fn_blobs = []   # [(name, cloudpickle of the verifier)], what each worker gets
-      for name, fn in self._fns:
+      for name, fn in (self._fns[v] for v in self._isolated_v):
         try:
-          self._fn_blobs.append((name, cloudpickle.dumps(fn)))
+          self._fn_blobs.append((name, _pickle_for_workers(fn)))
         except Exception as e:  # pylint: disable=broad-exception-caught
           raise ValueError(
               f'verifier {name!r} cannot be sent to worker processes ({type(e).__name__}: '
@@ -321,23 +301,37 @@ class RewardRunner:
     status_vn = np.full((n_v, n), OK, np.int8)
     messages = [None] * n_v
     stuck = 0
-    if n and self.num_workers == 0:
+    if not n:
+      return self._result(values_vn, status_vn, messages, stuck)
+    sent = self._send_chunks(completions, answers) if self._isolated_v and self._workers else None
+    if self._inline_v:   # while the workers score theirs
+      try:
+        self._score_here(self._inline_v, completions, answers, False, values_vn, status_vn,
+                         messages)
+      except BaseException:   # e.g. KeyboardInterrupt: no answer may be left for the next call
+        self.close()
+        raise
+    if sent is not None:
+      stuck = self._collect_chunks(*sent, values_vn, status_vn, messages)
+    elif self._isolated_v:
       use_alarm = threading.current_thread() is threading.main_thread()
-      values_vn, status_vn, messages = score_chunk(
-          self._fns, completions, answers, self.timeout_s, use_alarm, 0)
-    elif n:
-      stuck = self._score_in_workers(completions, answers, values_vn, status_vn, messages)
+      self._score_here(self._isolated_v, completions, answers, use_alarm, values_vn, status_vn,
+                       messages)
     return self._result(values_vn, status_vn, messages, stuck)
 
-  def _score_in_workers(self, completions, answers, values_vn, status_vn, messages) -> int:
-    """Fills values/status/messages in place from one chunk per worker; returns stuck chunks.
+  def _score_here(self, rows, completions, answers, use_alarm, values_vn, status_vn, messages):
+    """Scores verifiers `rows` (indices into self._fns) in this process; fills in place."""
+    values, status, first_errors = score_chunk(
+        [self._fns[v] for v in rows], completions, answers, self.timeout_s, use_alarm, 0)
+    values_vn[rows], status_vn[rows] = values, status
+    for v, message in zip(rows, first_errors):
+      messages[v] = message
 
-    A worker that does not answer by its chunk's deadline is killed (its chunk: timeouts); one
-    that died or whose pipe broke makes its chunk errors. Either is replaced on the next call.
-    """
+  def _send_chunks(self, completions, answers):
+    """Sends one chunk of the batch to each worker -> (send time, [(worker, lo, hi, error)])."""
     self.start()
-    n_v, n = len(self._fns), len(completions)
-    edges = np.linspace(0, n, min(self.num_workers, n) + 1).round().astype(int)
+    n = len(completions)
+    edges = np.linspace(0, n, min(len(self._workers), n) + 1).round().astype(int)
     t0 = time.monotonic()
     sent = []
     for k, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
@@ -347,16 +341,26 @@ class RewardRunner:
         sent.append((k, lo, hi, None))
       except OSError as e:   # The worker is gone (broken pipe).
         sent.append((k, lo, hi, e))
+    return t0, sent
+
+  def _collect_chunks(self, t0, sent, values_vn, status_vn, messages) -> int:
+    """Fills the isolated verifiers' rows of values/status/messages in place from each worker's
+    answer; returns the stuck chunks.
+
+    A worker that does not answer by its chunk's deadline is killed (its chunk: timeouts); one
+    that died or whose pipe broke makes its chunk errors. Either is replaced on the next call.
+    """
+    rows = self._isolated_v
     stuck = 0
     for k, lo, hi, send_error in sent:
       worker = self._workers[k]
       # Worst case for a healthy worker: every call in its chunk runs into the timeout.
-      deadline = t0 + (hi - lo) * n_v * self.timeout_s + self.grace_s
+      deadline = t0 + (hi - lo) * len(rows) * self.timeout_s + self.grace_s
       error = send_error
       if error is None:
         try:
           if not worker.conn.poll(max(0.0, deadline - time.monotonic())):
-            status_vn[:, lo:hi] = TIMEOUT
+            status_vn[rows, lo:hi] = TIMEOUT
             stuck += 1
             self._replace(k)
             continue
@@ -365,17 +369,17 @@ class RewardRunner:
           error = e
       if error is not None:
         worker.process.join(timeout=1.0)
-        status_vn[:, lo:hi] = ERROR
-        for v in range(n_v):
+        status_vn[rows, lo:hi] = ERROR
+        for v in rows:
           messages[v] = messages[v] or truncate(
               f'reward worker died (exit code {worker.process.exitcode}): '
               f'{type(error).__name__}: {error} [samples {lo}-{hi - 1}]')
         self._replace(k)
         continue
-      values_vn[:, lo:hi] = chunk_values
-      status_vn[:, lo:hi] = chunk_status
-      for v in range(n_v):
-        messages[v] = messages[v] or chunk_messages[v]
+      values_vn[rows, lo:hi] = chunk_values
+      status_vn[rows, lo:hi] = chunk_status
+      for v, message in zip(rows, chunk_messages):
+        messages[v] = messages[v] or message
     return stuck
 
   def _replace(self, k: int) -> None:
