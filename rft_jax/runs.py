@@ -2,6 +2,8 @@
 
   workdir/config.json           the latest invocation's config; a later invocation must share
                                 its recipe, model and algorithm (check_workdir_config)
+  workdir/initial_policy.json   the initial (reference) policy's source; a resume must read the
+                                same weights (initial_policy.py)
   workdir/checkpoints/<step>/   orbax: train state, data-iterator state, run metadata
   workdir/metrics.jsonl         one line per step / eval / message / incident
   workdir/tb/                   TensorBoard events
@@ -18,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from rft_jax import components
+from rft_jax import components, initial_policy
 from rft_jax.algorithms import train_state as ts
 from rft_jax.checkpoint import Checkpointer, CheckpointSaveError
 from rft_jax.parallel import mesh as meshlib
@@ -167,7 +169,8 @@ def check_workdir_config(config, workdir: str) -> None:
   fail on shapes (and used to set good checkpoints aside as unusable) or silently continue one
   algorithm's run with another's. A workdir without config.json (written by an older rft_jax) is
   not checked and gets one. model.path may change (a moved directory; recorded absolute, the
-  same directory reached by another relative path would read as another).
+  same directory reached by another relative path would read as another); the weights it holds
+  are checked by initial_policy.check.
   """
   path = os.path.join(workdir, RUN_CONFIG)
   if os.path.isfile(path):
@@ -227,6 +230,11 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
   if extra is not None:
     shardings, state = shardings.replace(**extra[1]), state.replace(**extra[0])
   ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'), keep=config.train.keep_checkpoints)
+  try:   # the reference policy is rebuilt from the initial one: resuming must not swap it
+    initial = initial_policy.check(config, workdir) if ckpt.latest_step() else None
+  except components.SetupError:
+    ckpt.close()
+    raise
   meta, start, reference = {}, 0, None
   while ckpt.latest_step():   # newest first; one that fails to restore is set aside
     start = ckpt.latest_step()
@@ -247,6 +255,9 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
     data_it.set_state(data_state)
     break
   record_workdir_config(config, workdir)
+  if jax.process_index() == 0:
+    initial_policy.record(workdir, initial if initial is not None and start
+                          else initial_policy.describe(config))
   primary = jax.process_index() == 0   # with several processes only process 0 logs
   hooks = sinks.HookList() if not primary else sinks.make_sinks(
       workdir, console=config.telemetry.console, jsonl=config.telemetry.jsonl,

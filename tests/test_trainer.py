@@ -205,7 +205,8 @@ def test_a_workdir_refuses_another_recipe_or_model_and_keeps_its_checkpoints(tmp
   wider = tiny_config(**{'train.steps': 3, 'model.intermediate_size': 96, 'init_from': ''})
   with pytest.raises(components.SetupError, match=r'^config.model.intermediate_size=96 does not'):
     trainer.run(wider, workdir)
-  os.remove(os.path.join(workdir, 'config.json'))   # as an older rft_jax left it
+  for name in ('config.json', 'initial_policy.json'):   # as an older rft_jax left it
+    os.remove(os.path.join(workdir, name))
   with pytest.raises(components.SetupError, match=r'^checkpoint 2 in .* does not fit this config'):
     trainer.run(wider, workdir)
   assert os.listdir(os.path.join(workdir, 'checkpoints')) == ['2']

@@ -1,0 +1,135 @@
+"""Which initial policy a run started from, so that resuming cannot silently swap it.
+
+The reference policy (the KL anchor of GRPO and PPO, DPO's reference) is the initial policy,
+rebuilt at start-up from its source; checkpoints hold it only once remediation has reset it. A
+resume whose source now holds other weights used to train on against another reference with
+nothing said: `model.path` pointing at another snapshot of the same shape, `init_from` at
+another checkpoint, or, with a random initial policy, another `seed`.
+
+workdir/initial_policy.json records the source when a run starts:
+
+  {"source": "init_from" | "model.path" | "random",
+   "seed": int,                                             (random only)
+   "path": absolute directory,                              (init_from, model.path)
+   "files": {name: {"size", "crc32", "path", "mtime_ns"}}}  (init_from, model.path)
+
+and an invocation that resumes from a checkpoint is compared with it (check) before the
+checkpoint is read. Files are compared by size and CRC-32 of their contents (~1 s per GB read);
+one whose absolute path, size and modification time equal the recorded ones is taken as
+unchanged without reading it, so resuming in place reads nothing. The directory may move.
+"""
+import json
+import os
+import zlib
+
+import jax
+
+from rft_jax import components
+from rft_jax.models import hf_checkpoint
+
+RECORD = 'initial_policy.json'
+_CHUNK = 16 * 2**20
+
+
+def source(config) -> tuple[str, str]:
+  """(kind, path) of the initial policy, in components.build's order: config.init_from, else
+  config.model.path, else a random init drawn with config.seed (path '')."""
+  if config.init_from:
+    return 'init_from', os.path.abspath(os.path.expanduser(config.init_from))
+  path = config.model.get('path', '')
+  if path:
+    return 'model.path', os.path.abspath(os.path.expanduser(path))
+  return 'random', ''
+
+
+def _files(kind: str, path: str) -> dict[str, str]:
+  """{name relative to path: absolute file} of the files the initial policy is read from."""
+  if kind == 'model.path':
+    files = sorted(set(hf_checkpoint.weight_map(path).values()))
+  else:   # an orbax params directory: every file in it
+    files = sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names)
+  return {os.path.relpath(f, path): f for f in files}
+
+
+def _crc32(path: str) -> int:
+  crc = 0
+  with open(path, 'rb') as f:
+    while chunk := f.read(_CHUNK):
+      crc = zlib.crc32(chunk, crc)
+  return crc
+
+
+def _stat(path: str) -> dict:
+  st = os.stat(path)
+  return {'size': st.st_size, 'path': path, 'mtime_ns': st.st_mtime_ns}
+
+
+def describe(config) -> dict:
+  """The record of this config's initial policy (reads every file of its source)."""
+  kind, path = source(config)
+  if kind == 'random':
+    return {'source': kind, 'seed': int(config.seed)}
+  return {'source': kind, 'path': path, 'files': {
+      name: {**_stat(f), 'crc32': _crc32(f)} for name, f in _files(kind, path).items()}}
+
+
+def _what(record: dict) -> str:
+  if record.get('source') == 'random':
+    return f'a random init with config.seed={record.get("seed")}'
+  return f'config.{record.get("source")}={record.get("path")!r}'
+
+
+def _read(workdir: str) -> dict | None:
+  path = os.path.join(workdir, RECORD)
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path, encoding='utf-8') as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise components.SetupError(f'{path}: unreadable ({type(e).__name__}: {e}); it records '
+                                'the initial policy this run started from') from None
+
+
+def check(config, workdir: str) -> dict:
+  """Raises SetupError when this config's initial policy is not the one the run in `workdir`
+  started from; returns this config's record (for `record`). A workdir without a record (a
+  run started by an older rft_jax) is not checked."""
+  theirs = _read(workdir)
+  kind, path = source(config)
+  if theirs is None:
+    return describe(config)
+  tail = ('the reference policy would change; resume with that initial policy, or use a new '
+          '--workdir')
+  refuse = lambda what: components.SetupError(
+      f'{what}, but the run in {workdir} started from {_what(theirs)} (its {RECORD}): {tail}')
+  if theirs.get('source') != kind or (kind == 'random' and theirs.get('seed') != config.seed):
+    mine = {'source': kind, 'path': path, 'seed': config.seed}
+    raise refuse(f'the initial policy is {_what(mine)}')
+  if kind == 'random':
+    return {'source': kind, 'seed': int(config.seed)}
+  files, recorded = _files(kind, path), theirs.get('files', {})
+  if set(files) != set(recorded):
+    raise refuse(f'config.{kind}={path!r} holds files {sorted(files)}, not {sorted(recorded)}')
+  mine = {}
+  for name, f in sorted(files.items()):
+    st, want = _stat(f), recorded[name]
+    unchanged = all(st[k] == want.get(k) for k in ('path', 'size', 'mtime_ns'))
+    crc = want.get('crc32') if unchanged else _crc32(f)
+    if st['size'] != want.get('size') or crc != want.get('crc32'):
+      raise components.SetupError(
+          f'config.{kind}={path!r}: its {name} differs (size or CRC-32) from the one the run in '
+          f'{workdir} started from ({_what(theirs)}, its {RECORD}): {tail}')
+    mine[name] = {**st, 'crc32': crc}
+  return {'source': kind, 'path': path, 'files': mine}
+
+
+def record(workdir: str, described: dict) -> None:
+  """Writes workdir/initial_policy.json (process 0), atomically."""
+  if jax.process_index() != 0:
+    return
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, RECORD)
+  with open(path + '.tmp', 'w', encoding='utf-8') as f:
+    json.dump(described, f, indent=2, sort_keys=True)
+  os.replace(path + '.tmp', path)

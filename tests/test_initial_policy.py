@@ -1,0 +1,104 @@
+"""A resume must start from the initial (reference) policy the run started from: another seed,
+init_from or model.path of the same shape is refused before any checkpoint is read."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import ml_collections
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from rft_jax import components, initial_policy
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(init_from='', model_path='', seed=0):
+  config = ml_collections.ConfigDict({'init_from': init_from, 'seed': seed,
+                                      'model': {'path': model_path}})
+  return config
+
+
+def _hf_dir(path, value):
+  os.makedirs(path, exist_ok=True)
+  save_file({'w': np.full((4, 4), value, np.float32)}, os.path.join(path, 'model.safetensors'))
+  return str(path)
+
+
+def _recorded(config, workdir):
+  initial_policy.record(workdir, initial_policy.describe(config))
+  with open(os.path.join(workdir, initial_policy.RECORD)) as f:
+    return json.load(f)
+
+
+def test_random_init_is_its_seed(tmp_path):
+  workdir = str(tmp_path)
+  assert _recorded(_config(seed=3), workdir) == {'source': 'random', 'seed': 3}
+  initial_policy.check(_config(seed=3), workdir)
+  with pytest.raises(components.SetupError, match=r'^the initial policy is a random init with '
+                     r'config.seed=4, but the run in .* started from a random init with '
+                     r'config.seed=3 \(its initial_policy.json\): the reference policy would'):
+    initial_policy.check(_config(seed=4), workdir)
+
+
+def test_model_path_may_move_but_not_change(tmp_path):
+  workdir = str(tmp_path / 'run')
+  model = _hf_dir(tmp_path / 'model', 1.0)
+  record = _recorded(_config(model_path=model), workdir)
+  data = open(os.path.join(model, 'model.safetensors'), 'rb').read()
+  assert record['files']['model.safetensors']['crc32'] == __import__('zlib').crc32(data)
+  initial_policy.check(_config(model_path=model), workdir)   # in place: not even read
+  moved = str(tmp_path / 'moved')
+  shutil.copytree(model, moved)
+  initial_policy.check(_config(model_path=moved), workdir)   # same bytes elsewhere
+  other = _hf_dir(tmp_path / 'other', 2.0)                   # same shape, other weights
+  assert os.path.getsize(os.path.join(other, 'model.safetensors')) == len(data)
+  with pytest.raises(components.SetupError, match=r"^config.model.path='.*other': its "
+                     r'model.safetensors differs \(size or CRC-32\) from the one the run in .* '
+                     r"started from \(config.model.path='.*model', its initial_policy.json\)"):
+    initial_policy.check(_config(model_path=other), workdir)
+
+
+def test_init_from_changed_in_place_or_another_source(tmp_path):
+  workdir = str(tmp_path / 'run')
+  base = tmp_path / 'base'
+  (base / 'sub').mkdir(parents=True)
+  (base / 'sub' / 'a').write_bytes(b'0123')
+  _recorded(_config(init_from=str(base)), workdir)
+  initial_policy.check(_config(init_from=str(base)), workdir)
+  (base / 'sub' / 'a').write_bytes(b'0124')   # the same path rewritten (mtime changes)
+  with pytest.raises(components.SetupError, match=r'sub/a differs'):
+    initial_policy.check(_config(init_from=str(base)), workdir)
+  with pytest.raises(components.SetupError, match=r'^the initial policy is a random init with '
+                     r"config.seed=0, but the run in .* started from config.init_from='.*base'"):
+    initial_policy.check(_config(), workdir)
+
+
+def test_a_workdir_without_a_record_is_not_checked(tmp_path):
+  described = initial_policy.check(_config(seed=1), str(tmp_path))
+  assert described == {'source': 'random', 'seed': 1}
+
+
+@pytest.mark.parametrize('recipe', ['configs/sft_arith.py:tiny'])
+def test_cli_resume_with_another_seed_is_refused(tmp_path, recipe):
+  """End to end: a random-init run checkpoints; the same command with another seed exits 2 in
+  one line before reading the checkpoint, the original seed resumes."""
+  workdir = str(tmp_path / 'run')
+  cmd = [sys.executable, '-m', 'rft_jax.main', '--config', recipe, '--config.train.steps=2',
+         '--config.telemetry.console=False', '--config.telemetry.tensorboard=False',
+         '--workdir', workdir]
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
+  run = lambda *extra: subprocess.run(cmd + list(extra), cwd=REPO, env=env, capture_output=True,
+                                      text=True, timeout=300, check=False)
+  first = run()
+  assert first.returncode == 0, first.stderr[-2000:]
+  assert os.path.isfile(os.path.join(workdir, initial_policy.RECORD))
+  refused = run('--config.seed=7', '--config.train.steps=3')
+  assert refused.returncode == 2, refused.stderr[-2000:]
+  last = refused.stderr.strip().splitlines()[-1]
+  assert 'the initial policy is a random init with config.seed=7, but the run in' in last, (
+      refused.stderr[-2000:])
+  assert run('--config.train.steps=3').returncode == 0
