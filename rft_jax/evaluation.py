@@ -15,7 +15,8 @@ from rft_jax.sampling.text import decode_completions
 
 
 class Evaluator:
-  """Jitted greedy and group samplers over one fixed eval batch, scored by the 'correct' verifier."""
+  """Jitted greedy and group samplers over one fixed eval batch, scored by the 'correct'
+  verifier."""
 
   def __init__(self, graphdef, model_cfg, tokenizer, eval_batch: dict, *, max_new_tokens: int,
                k: int, temperature: float, seed: int = 0):

@@ -336,4 +336,5 @@ def test_progress_is_live_in_a_terminal_and_in_jupyter_with_ipywidgets(monkeypat
     jupyter = Console(force_jupyter=True)
     # Without ipywidgets rich's live display shows nothing in Jupyter: plain lines instead.
     assert console_lib.live_display(jupyter) == has_widgets
-    assert console_lib.ConsoleSink(console=jupyter)._live == has_widgets  # pylint: disable=protected-access
+    sink = console_lib.ConsoleSink(console=jupyter)
+    assert sink._live == has_widgets  # pylint: disable=protected-access

@@ -177,7 +177,8 @@ def test_microbatches_must_divide_rollout_batch(grpo):
     ('rollout.top_k', -1), ('rollout.max_new_tokens', 0), ('rollout.prompts_per_step', 0),
     ('algo.clip_eps', 0.0), ('algo.kl_coef', -0.01), ('algo.updates_per_batch', 0),
     ('eval.k', 0), ('train.eval_every', 0), ('train.ckpt_every', 0),
-    ('model.dtype', 'float16'), ('algo.kl_estimator', 'k4'), ('mesh.tensor', 0), ('mesh.data', -2), ('optim.b2', 1.0),
+    ('model.dtype', 'float16'), ('algo.kl_estimator', 'k4'), ('mesh.tensor', 0),
+    ('mesh.data', -2), ('optim.b2', 1.0),
 ])
 def test_impossible_value(grpo, key, value):
   config_lib.lookup(grpo, key)  # The key exists in the recipe.

@@ -267,7 +267,8 @@ def test_objective_and_gradients_are_microbatch_invariant(tiny, mode, agg):
   vf = (0.5 * (v - np.asarray(batch['returns'])) ** 2 * lm_).sum() / lm_.sum()
   np.testing.assert_allclose(m1['critic/vf_loss'], vf, rtol=1e-4)
   np.testing.assert_allclose(m1['loss'], float(pg_sum) / float(count) + 0.7 * vf, rtol=1e-4)
-  if mode == 'separate':   # the value loss never reaches the policy; the policy loss never the critic
+  # 'separate': the value loss never reaches the policy, the policy loss never the critic
+  if mode == 'separate':
     g_no_vf = jax.jit(jax.grad(lambda p: policy_loss(p, batch)[0] / count))(pol)
     for a, b in zip(jax.tree.leaves(g1[0]), jax.tree.leaves(g_no_vf)):
       np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)

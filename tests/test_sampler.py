@@ -332,7 +332,8 @@ def test_greedy_groups_repeat_the_ungrouped_result(model, prompts):
 
 
 def test_decode_after_prefill_jitted_apart_is_the_sampler(model, prompts):
-  """prefill and decode as two programs (how tools.bench times decode) give the sampler's rollout."""
+  """prefill and decode as two programs (how tools.bench times decode) give the sampler's
+  rollout."""
   graphdef, base, _ = model
   params = with_eos_bias(base, 1.0)
   tok, mask = prompts[0][:4], prompts[1][:4]

@@ -4,7 +4,8 @@
 
 Train-step FLOPs come from XLA's cost analysis of the compiled step (attention included), with the
 analytic 6N per token beside it. Sampler FLOPs are analytic (2N per prefill and decode token):
-XLA's cost analysis counts a while_loop body only once. Timings exclude compilation (one warm-up call) and report the
+XLA's cost analysis counts a while_loop body only once. Timings exclude compilation (one
+warm-up call) and report the
 median of --repeats calls. Numbers are for whatever machine runs this: the device line says which.
 """
 import functools

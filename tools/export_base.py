@@ -57,7 +57,8 @@ def main(argv=None):
   if os.path.exists(args.out):
     shutil.rmtree(args.out)
   checkpoint.save_params(args.out, state.params)
-  print(f'wrote params of step {step} to {args.out} (held-out eval: {meta.get("final_eval") or meta.get("last_eval")})')
+  held_out = meta.get('final_eval') or meta.get('last_eval')
+  print(f'wrote params of step {step} to {args.out} (held-out eval: {held_out})')
 
 
 if __name__ == '__main__':

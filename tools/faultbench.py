@@ -9,7 +9,8 @@ CPU (BENCH_OVERRIDES), from the shipped base policy, with one fault of rft_jax/f
 injected at an onset drawn uniformly from 30-60% of the run (per seed and fault type), or none
 (healthy), or a benign change that must not raise incidents. Runs execute in `--jobs` spawned
 processes, one run per process; a run past `--run-timeout-s` (default 1800) is killed, and it or
-one whose process dies is recorded with its error while the others go on. Then the runs are scored (tools/faultbench_score.py) and the
+one whose process dies is recorded with its error while the others go on. Then the runs are
+scored (tools/faultbench_score.py) and the
 out dir gets results.jsonl (one record per run), report.md, score.json and PNGs.
 
 Suites:

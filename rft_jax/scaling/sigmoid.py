@@ -11,7 +11,8 @@ of the fit: here points with C <= exclude_first * max(C).
 With x = ln C, m = ln C_mid and s = 1 / (1 + exp(B (m - x))) this is R = R0 + (A - R0) s,
 fitted by least squares in (A, B, m) from a grid of starts (for fixed B, m the best A is
 closed-form: A - R0 = sum s (R - R0) / sum s^2). Intervals: the residual block bootstrap of
-`common`, all replicates refitted at once by a batched Levenberg-Marquardt from the estimate. A is *identified* only when the run has gone past its midpoint: before C_mid a
+`common`, all replicates refitted at once by a batched Levenberg-Marquardt from the estimate.
+A is *identified* only when the run has gone past its midpoint: before C_mid a
 sigmoid with a higher ceiling and a later midpoint fits the same points, so A (and with it the
 extrapolation) is left unreported, with the reason, when the fit or its bootstrap puts C_mid
 beyond the last observed compute, or when A's interval is wider than the gain it describes.
