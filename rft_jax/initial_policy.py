@@ -13,10 +13,12 @@ workdir/initial_policy.json records the source when a run starts:
    "path": absolute directory,                              (init_from, model.path)
    "files": {name: {"size", "crc32", "path", "mtime_ns"}}}  (init_from, model.path)
 
-and an invocation that resumes from a checkpoint is compared with it (check) before the
-checkpoint is read. Files are compared by size and CRC-32 of their contents (~1 s per GB read);
-one whose absolute path, size and modification time equal the recorded ones is taken as
-unchanged without reading it, so resuming in place reads nothing. The directory may move.
+and an invocation that resumes from a checkpoint of a run with a reference policy is compared
+with it (check) before the checkpoint is read (SFT, and GRPO without KL or remediation, keep no
+reference and are not checked). Files are compared by size and CRC-32 of their contents (~1 s
+per GB read); one whose absolute path, size and modification time equal the recorded ones is
+taken as unchanged without reading it, so resuming in place reads nothing. The directory may
+move; a file added to or missing from an init_from directory counts as another policy.
 """
 import json
 import os
@@ -46,8 +48,16 @@ def _files(kind: str, path: str) -> dict[str, str]:
   """{name relative to path: absolute file} of the files the initial policy is read from."""
   if kind == 'model.path':
     files = sorted(set(hf_checkpoint.weight_map(path).values()))
-  else:   # an orbax params directory: every file in it
-    files = sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names)
+  else:   # an orbax params directory: every file in it, through symlinked directories too
+    files, seen = [], set()
+    for d, subdirs, names in os.walk(path, followlinks=True):
+      real = os.path.realpath(d)
+      if real in seen:   # a symlink loop, or a directory reached twice
+        subdirs[:] = []
+        continue
+      seen.add(real)
+      files += [os.path.join(d, f) for f in names]
+    files = sorted(files)
   return {os.path.relpath(f, path): f for f in files}
 
 
@@ -110,7 +120,11 @@ def check(config, workdir: str) -> dict:
     return {'source': kind, 'seed': int(config.seed)}
   files, recorded = _files(kind, path), theirs.get('files', {})
   if set(files) != set(recorded):
-    raise refuse(f'config.{kind}={path!r} holds files {sorted(files)}, not {sorted(recorded)}')
+    listed = lambda names: ', '.join(sorted(names)[:3]) + (' ...' if len(names) > 3 else '')
+    added, missing = set(files) - set(recorded), set(recorded) - set(files)
+    raise refuse(f'config.{kind}={path!r} holds other files'
+                 + (f' (added: {listed(added)})' if added else '')
+                 + (f' (missing: {listed(missing)})' if missing else ''))
   mine = {}
   for name, f in sorted(files.items()):
     st, want = _stat(f), recorded[name]

@@ -216,13 +216,16 @@ def record_workdir_config(config, workdir: str) -> None:
 
 
 def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra=(),
-             console_keys=sinks.DEFAULT_CONSOLE_KEYS, controls=None, monitor=None, extra=None):
+             console_keys=sinks.DEFAULT_CONSOLE_KEYS, controls=None, monitor=None, extra=None,
+             uses_reference=True):
   """Creates or resumes a run -> (state, state shardings, checkpointer, meta, hooks, start step).
 
   Resuming restores the train state onto this mesh, the data iterator and the run metadata from
   the latest checkpoint; metrics logged after that checkpoint are dropped from metrics.jsonl.
   extra: (fields, shardings), two dicts of further TrainState fields (e.g. PPO's critic, the
   adaptive KL state: rft_jax/algorithms/ppo.py extra_state), already placed; checkpointed too.
+  uses_reference: the run rebuilds a reference policy from the initial one (KL, DPO), so a
+  resume must start from the same initial policy (initial_policy.check).
   """
   check_workdir_config(config, workdir)
   shardings = state_shardings(c, tx, controls, monitor)
@@ -231,7 +234,8 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
     shardings, state = shardings.replace(**extra[1]), state.replace(**extra[0])
   ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'), keep=config.train.keep_checkpoints)
   try:   # the reference policy is rebuilt from the initial one: resuming must not swap it
-    initial = initial_policy.check(config, workdir) if ckpt.latest_step() else None
+    resuming = uses_reference and ckpt.latest_step()
+    initial = initial_policy.check(config, workdir) if resuming else None
   except components.SetupError:
     ckpt.close()
     raise

@@ -33,7 +33,8 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       teacher_error_rate=config.sft.teacher_error_rate,
       **components.process_share(config.sft.batch_size, 'sft.batch_size')))
   opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra,
-                            console_keys=(('loss', 'loss'), ('token_acc', 'token acc')))
+                         console_keys=(('loss', 'loss'), ('token_acc', 'token acc')),
+                         uses_reference=False)
   state, shardings, ckpt, meta, hooks, start, _ = opened
   total = config.train.steps
   if start >= total and 'final_eval' in meta:

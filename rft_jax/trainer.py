@@ -129,7 +129,8 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra,
                          controls=device_controls(controls0, config, 1),
                          monitor=monlib.init_monitor(mcfg) if mcfg else None,
-                         extra=ppo.extra_state(c, algo, **critic_opt))
+                         extra=ppo.extra_state(c, algo, **critic_opt),
+                         uses_reference=algo.use_reference)
   state, shardings, ckpt, meta, hooks, start, reset_ref = opened
   hooks.on_message(f'memory estimate: {memory_est.describe()}')
   for notice in config_rules.sampling_notices(config):

@@ -82,14 +82,15 @@ def test_a_workdir_without_a_record_is_not_checked(tmp_path):
   assert described == {'source': 'random', 'seed': 1}
 
 
-@pytest.mark.parametrize('recipe', ['configs/sft_arith.py:tiny'])
-def test_cli_resume_with_another_seed_is_refused(tmp_path, recipe):
-  """End to end: a random-init run checkpoints; the same command with another seed exits 2 in
-  one line before reading the checkpoint, the original seed resumes."""
+def test_cli_resume_with_another_seed_is_refused(tmp_path):
+  """End to end: a random-init GRPO run (KL to its initial policy) checkpoints; the same
+  command with another seed exits 2 in one line before reading the checkpoint, the original
+  seed resumes."""
   workdir = str(tmp_path / 'run')
-  cmd = [sys.executable, '-m', 'rft_jax.main', '--config', recipe, '--config.train.steps=2',
-         '--config.telemetry.console=False', '--config.telemetry.tensorboard=False',
-         '--workdir', workdir]
+  cmd = [sys.executable, '-m', 'rft_jax.main', '--config', 'configs/grpo_arith.py:tiny',
+         '--config.init_from=', '--config.train.steps=2', '--config.train.eval_every=100',
+         '--config.rewards.num_workers=0', '--config.telemetry.console=False',
+         '--config.telemetry.tensorboard=False', '--workdir', workdir]
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
   run = lambda *extra: subprocess.run(cmd + list(extra), cwd=REPO, env=env, capture_output=True,
                                       text=True, timeout=300, check=False)
@@ -102,3 +103,39 @@ def test_cli_resume_with_another_seed_is_refused(tmp_path, recipe):
   assert 'the initial policy is a random init with config.seed=7, but the run in' in last, (
       refused.stderr[-2000:])
   assert run('--config.train.steps=3').returncode == 0
+
+
+def test_init_from_through_a_symlinked_directory_and_added_files(tmp_path):
+  """Files under a symlinked subdirectory count (orbax reads through it); an added or missing
+  file is named in the error, not every file listed."""
+  workdir = str(tmp_path / 'run')
+  base, elsewhere = tmp_path / 'base', tmp_path / 'elsewhere'
+  (elsewhere / 'd').mkdir(parents=True)
+  (elsewhere / 'd' / 'data').write_bytes(b'0123')
+  base.mkdir()
+  (base / 'meta').write_bytes(b'm')
+  os.symlink(elsewhere, base / 'ocdbt.process_0')
+  os.symlink(base, elsewhere / 'loop')   # a loop must not recurse forever
+  record = _recorded(_config(init_from=str(base)), workdir)
+  assert 'ocdbt.process_0/d/data' in record['files'], sorted(record['files'])
+  (elsewhere / 'd' / 'data').write_bytes(b'0124')
+  with pytest.raises(components.SetupError, match=r'ocdbt.process_0/d/data differs'):
+    initial_policy.check(_config(init_from=str(base)), workdir)
+  (elsewhere / 'd' / 'data').write_bytes(b'0123')
+  (base / 'NOTES.txt').write_text('x')
+  with pytest.raises(components.SetupError, match=r"^config.init_from='.*base' holds other "
+                     r'files \(added: NOTES.txt\), but the run in'):
+    initial_policy.check(_config(init_from=str(base)), workdir)
+
+
+def test_cli_resume_without_a_reference_may_change_the_seed(tmp_path):
+  """SFT keeps no reference policy: another seed on resume is not refused."""
+  workdir = str(tmp_path / 'sft')
+  cmd = [sys.executable, '-m', 'rft_jax.main', '--config', 'configs/sft_arith.py:tiny',
+         '--config.telemetry.console=False', '--config.telemetry.tensorboard=False',
+         '--workdir', workdir]
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
+  for extra in (['--config.train.steps=2'], ['--config.train.steps=3', '--config.seed=7']):
+    done = subprocess.run(cmd + extra, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -417,3 +417,18 @@ def test_a_verifier_from_a_file_loaded_by_path_runs_in_a_worker(tmp_path):
   assert result.total.tolist() == [1.0, 0.0] and result.errors == {'test_from_a_path': 0}, (
       result.error_messages)
   assert runner_lib._importable_by_name('reward_fixtures')  # pylint: disable=protected-access
+
+
+def test_inline_is_a_property_of_the_name():
+  """The same function under another name without inline runs in the workers; a builtin (no
+  attributes to set) can be registered inline."""
+  import operator  # pylint: disable=g-import-not-at-top
+  verifiers.register_verifier('test_correct_in_workers')(verifiers.correct)
+  assert verifiers.is_inline('correct') and not verifiers.is_inline('test_correct_in_workers')
+  with RewardRunner({'test_correct_in_workers': 1.0, 'correct': 1.0}, num_workers=1) as runner:
+    assert runner(['1', '2'], ['1', '3']).total.tolist() == [2.0, 0.0]
+    assert len(runner.worker_pids) == 1
+  verifiers.register_verifier('test_builtin_inline', inline=True)(operator.eq)
+  with RewardRunner({'test_builtin_inline': 1.0}, num_workers=2) as runner:
+    assert runner(['a', 'b'], ['a', 'c']).total.tolist() == [1.0, 0.0]
+    assert runner.worker_pids == []

@@ -209,7 +209,7 @@ class RewardRunner:
       self._fns.append((name, verifiers.get_verifier(name)))
     # Rows of the [V, N] results: verifiers scored here untimed, and those isolated (workers,
     # or here under the timer when num_workers=0).
-    self._inline_v = [v for v, (_, fn) in enumerate(self._fns) if verifiers.is_inline(fn)]
+    self._inline_v = [v for v, (name, _) in enumerate(self._fns) if verifiers.is_inline(name)]
     self._isolated_v = [v for v in range(len(self._fns)) if v not in self._inline_v]
     self._weights_v = np.asarray([float(weights[n]) for n, _ in self._fns], np.float32)
     self.timeout_s = float(timeout_s)

@@ -27,6 +27,7 @@ from typing import Callable
 Verifier = Callable[[str, str], float]
 
 VERIFIERS: dict[str, Verifier] = {}
+_INLINE: set[str] = set()   # names registered with inline=True
 
 
 def primary_verifier(weights) -> str | None:
@@ -45,11 +46,12 @@ FORMAT_MAX_DIGITS = 6
 def register_verifier(name: str, inline: bool = False) -> Callable[[Verifier], Verifier]:
   """Decorator that registers `fn` under `name` in `VERIFIERS` and returns it.
 
-  inline: score it in the calling process, without the per-call timer or a worker process
+  inline: score `name` in the calling process, without the per-call timer or a worker process
     (is_inline). Only for a verifier that always returns promptly and cannot crash or exhaust
     the process: a hang there hangs the run. Saves the pipe round trip to the workers and their
-    wake-up, ~0.3-1 ms a step on 2 cores. Marks `fn` itself (an attribute), so registering the
-    same function again keeps it.
+    wake-up, ~0.3-1 ms a step on 2 cores. A property of the name, not of the function: the same
+    function registered under another name without inline runs in the workers. Registering the
+    same definition again under the same name (a module imported again) keeps the flag.
 
   Registering the same function again (its module imported twice, e.g. in a worker process, or a
   recipe file loaded under two module names, as the command line does) is allowed; registering
@@ -60,16 +62,17 @@ def register_verifier(name: str, inline: bool = False) -> Callable[[Verifier], V
     if old is not None and not _same_definition(old, fn):
       raise ValueError(f'verifier {name!r} is registered twice: '
                        f'{_qualified_name(old)} and {_qualified_name(fn)}')
-    if inline:
-      fn._rft_inline = True  # pylint: disable=protected-access
+    if inline or old is None or not _same_definition(old, fn):
+      (_INLINE.add if inline else _INLINE.discard)(name)
     VERIFIERS[name] = fn
     return fn
   return wrap
 
 
-def is_inline(fn: Verifier) -> bool:
-  """Whether `fn` was registered with inline=True (runs in the calling process, untimed)."""
-  return getattr(fn, '_rft_inline', False) is True
+def is_inline(name: str) -> bool:
+  """Whether verifier `name` was registered with inline=True (runs in the calling process,
+  untimed)."""
+  return name in _INLINE
 
 
 def get_verifier(name: str) -> Verifier:
