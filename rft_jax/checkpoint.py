@@ -59,7 +59,8 @@ def _abstract(tree, shardings=None):
                       tree, shardings)
 
 
-def _crc32(path: str) -> int:
+def file_crc32(path: str) -> int:
+  """CRC-32 of a file's contents, read in 4 MiB chunks."""
   crc = 0
   with open(path, 'rb') as f:
     while chunk := f.read(1 << 22):
@@ -75,7 +76,7 @@ def file_digests(step_dir: str) -> dict[str, list[int]]:
       path = os.path.join(root, name)
       rel = os.path.relpath(path, step_dir)
       if rel not in (MANIFEST, MANIFEST + '.tmp'):
-        out[rel] = [os.path.getsize(path), _crc32(path)]
+        out[rel] = [os.path.getsize(path), file_crc32(path)]
   return out
 
 
@@ -94,7 +95,7 @@ def verify(step_dir: str) -> str | None:
       return f'missing file {rel}'
     if os.path.getsize(path) != size:
       return f'{rel} has {os.path.getsize(path)} bytes, expected {size}'
-    if _crc32(path) != crc:
+    if file_crc32(path) != crc:
       return f'{rel} fails its checksum'
   return None
 

@@ -22,15 +22,14 @@ move; a file added to or missing from an init_from directory counts as another p
 """
 import json
 import os
-import zlib
 
 import jax
 
 from rft_jax import components
+from rft_jax.checkpoint import file_crc32
 from rft_jax.models import hf_checkpoint
 
 RECORD = 'initial_policy.json'
-_CHUNK = 16 * 2**20
 
 
 def source(config) -> tuple[str, str]:
@@ -61,14 +60,6 @@ def _files(kind: str, path: str) -> dict[str, str]:
   return {os.path.relpath(f, path): f for f in files}
 
 
-def _crc32(path: str) -> int:
-  crc = 0
-  with open(path, 'rb') as f:
-    while chunk := f.read(_CHUNK):
-      crc = zlib.crc32(chunk, crc)
-  return crc
-
-
 def _stat(path: str) -> dict:
   st = os.stat(path)
   return {'size': st.st_size, 'path': path, 'mtime_ns': st.st_mtime_ns}
@@ -80,7 +71,7 @@ def describe(config) -> dict:
   if kind == 'random':
     return {'source': kind, 'seed': int(config.seed)}
   return {'source': kind, 'path': path, 'files': {
-      name: {**_stat(f), 'crc32': _crc32(f)} for name, f in _files(kind, path).items()}}
+      name: {**_stat(f), 'crc32': file_crc32(f)} for name, f in _files(kind, path).items()}}
 
 
 def _what(record: dict) -> str:
@@ -129,7 +120,7 @@ def check(config, workdir: str) -> dict:
   for name, f in sorted(files.items()):
     st, want = _stat(f), recorded[name]
     unchanged = all(st[k] == want.get(k) for k in ('path', 'size', 'mtime_ns'))
-    crc = want.get('crc32') if unchanged else _crc32(f)
+    crc = want.get('crc32') if unchanged else file_crc32(f)
     if st['size'] != want.get('size') or crc != want.get('crc32'):
       raise components.SetupError(
           f'config.{kind}={path!r}: its {name} differs (size or CRC-32) from the one the run in '

@@ -158,7 +158,9 @@ def _flat(d: dict, prefix: str = '') -> dict:
   return out
 
 
-def check_workdir_config(config, workdir: str) -> None:
+def check_workdir_config(config, workdir: str,
+                         advice: str = 'resume it with the config that started it, or use a new '
+                         '--workdir') -> None:
   """Refuses to continue a workdir that another recipe, model or algorithm wrote (then
   record_workdir_config records the config of a run that opened).
 
@@ -187,8 +189,7 @@ def check_workdir_config(config, workdir: str) -> None:
       if flat.get(key) != theirs.get(key):
         raise components.SetupError(
             f'config.{key}={flat.get(key)!r} does not match the run in {workdir} '
-            f'({theirs.get(key)!r} in its {RUN_CONFIG}): resume it with the config that started '
-            'it, or use a new --workdir')
+            f'({theirs.get(key)!r} in its {RUN_CONFIG}): {advice}')
 
 
 # Config keys that name files: recorded as absolute paths, so that api.open_run(workdir) finds

@@ -275,6 +275,15 @@ def test_tool_inspect_and_convert(hf_models, tmp_path, capsys):
   count = sum(p.numel() for p in hf_models['llama'][0].parameters())
   assert 'family: llama  loadable by rft_jax: yes' in out
   assert f'21 tensors, {count:,} parameters, dtype on disk: F32' in out
+  # A tensor missing on disk (or of another shape) is not loadable, though config.json is fine.
+  broken = tmp_path / 'no_norm'
+  shutil.copytree(hf_models['llama'][1], broken)
+  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+  tensors = load_file(str(broken / 'model.safetensors'))
+  del tensors['model.norm.weight']
+  save_file(tensors, str(broken / 'model.safetensors'))
+  tool.inspect(str(broken))
+  assert 'loadable by rft_jax: no (' in capsys.readouterr().out
   tool.convert(type('Args', (), {'hf_dir': model_dir, 'out': str(tmp_path / 'orbax')}))
   _, _, params = _load(model_dir)
   restored = checkpoint.load_params(str(tmp_path / 'orbax'), params)

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zlib
 
 import ml_collections
 import numpy as np
@@ -49,7 +50,7 @@ def test_model_path_may_move_but_not_change(tmp_path):
   model = _hf_dir(tmp_path / 'model', 1.0)
   record = _recorded(_config(model_path=model), workdir)
   data = open(os.path.join(model, 'model.safetensors'), 'rb').read()
-  assert record['files']['model.safetensors']['crc32'] == __import__('zlib').crc32(data)
+  assert record['files']['model.safetensors']['crc32'] == zlib.crc32(data)
   initial_policy.check(_config(model_path=model), workdir)   # in place: not even read
   moved = str(tmp_path / 'moved')
   shutil.copytree(model, moved)

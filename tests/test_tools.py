@@ -82,3 +82,28 @@ def test_every_tool_module_imports():
   done = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True,
                         env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, timeout=300)
   assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_export_of_a_missing_step_or_another_runs_checkpoint_is_one_line(run_dir, tmp_path):
+  with pytest.raises(SystemExit, match=r'^error: no checkpoint at step 5 in .* \(there: 1\)$'):
+    export(run_dir, tmp_path / 'x', '--step', '5')
+  wider = ['--config.model.intermediate_size=96', '--config.init_from=']
+  with pytest.raises(SystemExit, match=r'^error: checkpoint 1 in .* does not fit this config'):
+    export(run_dir, tmp_path / 'y', *wider)   # no config.json: the shapes are compared
+  runs.record_workdir_config(export_base.load_config(RECIPE), run_dir)
+  try:
+    with pytest.raises(SystemExit, match=r'^error: config.model.intermediate_size=96 does not '
+                       r'match the run in .*: give export the recipe and the'):
+      export(run_dir, tmp_path / 'z', *wider)
+  finally:
+    os.remove(os.path.join(run_dir, runs.RUN_CONFIG))
+
+
+def test_inspect_a_run_checkpoint_step(run_dir, capsys):
+  """RUN/checkpoints/<step> (its train state) and the state item itself."""
+  step_dir = os.path.join(run_dir, 'checkpoints', '1')
+  for path in (step_dir, os.path.join(step_dir, 'state')):
+    checkpoint_tool.inspect(path)
+    out = capsys.readouterr().out
+    assert 'params.norm.weight' in out and 'orbax pytree: ' in out, out
+    assert 'orbax pytree: 0 numbers' not in out

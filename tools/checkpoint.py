@@ -2,8 +2,9 @@
 
   python -m tools.checkpoint inspect DIR
       DIR: a HF model dir (config.json + safetensors) or an orbax pytree dir (a params dir such
-      as rft_jax/assets/arith_base, or RUN/checkpoints/<step>/state). Prints family, config,
-      each tensor's shape and dtype, and the parameter count.
+      as rft_jax/assets/arith_base, or a run's RUN/checkpoints/<step> or its state). Prints
+      family, config, each tensor's shape and dtype, and the parameter count; for a HF dir
+      whether rft_jax loads it (its config and every tensor's name and shape).
   python -m tools.checkpoint export --config configs/X.py --workdir RUN --out DIR \
       [--step N] [--dtype bfloat16|float32] [--max-shard-gb 2] [--config.a.b=v ...]
       The params of RUN's latest (or --step) checkpoint as a HF dir that transformers and vLLM
@@ -31,6 +32,7 @@ def inspect(path: str) -> None:
   hf = hc.read_config_json(path)
   try:
     cfg = hc.load_hf_config(path)
+    hc.check_tensors(path, cfg)   # names and shapes on disk against what the config builds
     print(f'family: {hc.family(hf)}  loadable by rft_jax: yes')
     print('config: ' + ', '.join(f'{k}={v}' for k, v in cfg.__dict__.items()))
   except hc.HFCheckpointError as e:
@@ -50,11 +52,17 @@ def inspect(path: str) -> None:
 def _inspect_orbax(path: str) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  if not os.path.isfile(os.path.join(path, '_CHECKPOINT_METADATA')):
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  if os.path.isfile(os.path.join(path, 'state', '_METADATA')):
+    path = os.path.join(path, 'state')   # a run's checkpoint step: its train state
+  if not os.path.isfile(os.path.join(path, '_METADATA')):
     raise SystemExit(f'error: {path} is neither a HF model dir (config.json) nor an orbax '
-                     'pytree dir (_CHECKPOINT_METADATA)')
-  with ocp.StandardCheckpointer() as ckptr:
+                     'pytree dir (_METADATA), nor a run checkpoint step (state/_METADATA)')
+  logging.set_verbosity(logging.ERROR)   # orbax warns that an item dir has no step metadata
+  with ocp.PyTreeCheckpointer() as ckptr:
     tree = ckptr.metadata(os.path.abspath(path)).item_metadata
+  if not jax.tree_util.tree_leaves(tree):
+    raise SystemExit(f'error: {path}: orbax metadata lists no arrays')
   total = 0
   for keys, leaf in jax.tree_util.tree_leaves_with_path(tree):
     total += math.prod(leaf.shape)
@@ -75,11 +83,23 @@ def export(args) -> None:
     raise SystemExit(f'error: {e}') from None
   tx = ts.make_optimizer(config.optim)
   shardings = runs.state_shardings(c, tx)
+  try:   # the run's config.json: another recipe or model is named in one line
+    runs.check_workdir_config(config, args.workdir, advice='give export the recipe and the '
+                              '--config.a.b=v overrides the run was started with')
+  except components.SetupError as e:
+    raise SystemExit(f'error: {e}') from None
   ckpt = checkpoint.Checkpointer(os.path.join(args.workdir, 'checkpoints'))
+  steps = ckpt.all_steps()
   step = args.step if args.step is not None else ckpt.latest_step()
-  if step is None:
-    raise SystemExit(f'error: no checkpoint in {args.workdir}/checkpoints')
-  state, *_ = ckpt.restore(step, runs.init_state(c.params, tx, shardings), shardings)
+  if step is None or step not in steps:
+    where = f'at step {step} ' if step is not None else ''
+    raise SystemExit(f'error: no checkpoint {where}in {args.workdir}/checkpoints (there: '
+                     f'{", ".join(map(str, steps)) or "none"})')
+  try:
+    state, *_ = ckpt.restore(step, runs.init_state(c.params, tx, shardings), shardings)
+  except ValueError as e:   # shapes of a run this config does not build (no config.json)
+    raise SystemExit(f'error: checkpoint {step} in {args.workdir} does not fit this config '
+                     f'({str(e).splitlines()[0]})') from None
   source = config.model.get('path', '')
   architecture, extra = None, {}
   if source:

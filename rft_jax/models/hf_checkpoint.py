@@ -189,6 +189,29 @@ def weight_map(model_dir: str) -> dict[str, str]:
     return {k: single for k in f.keys()}
 
 
+def check_tensors(model_dir: str, model_cfg: ModelConfig) -> dict[str, str]:
+  """weight_map(model_dir) after checking it against model_cfg: HFCheckpointError for a tensor
+  the model does not have, one it needs that is missing, or one of another shape (the files'
+  headers are read, not the data)."""
+  wanted = _tensor_names(model_cfg)
+  files = weight_map(model_dir)
+  for name in files:
+    tied_head = name == 'lm_head.weight' and model_cfg.tie_word_embeddings
+    if name not in wanted and not tied_head and not name.endswith(IGNORED_SUFFIXES):
+      raise HFCheckpointError(f'{files[name]}: unexpected tensor {name} for this config')
+  for name in wanted:
+    if name not in files:
+      raise HFCheckpointError(f'{model_dir}: missing tensor {name}')
+  with contextlib.ExitStack() as stack:
+    handles = {p: stack.enter_context(safe_open(p, framework='np')) for p in set(files.values())}
+    for name, (_, transposed, shape) in wanted.items():
+      disk = tuple(handles[files[name]].get_slice(name).get_shape())
+      if disk != (shape[::-1] if transposed else shape):
+        raise HFCheckpointError(f'{files[name]}: tensor {name} has shape {list(disk)}, the '
+                                f'config needs {list(shape[::-1] if transposed else shape)}')
+  return files
+
+
 def load_hf_params(model_dir: str, model_cfg: ModelConfig, shardings: Any) -> dict:
   """Params pure dict (float32, structure of nnx.to_pure_dict(abstract_params(model_cfg))).
 
@@ -199,23 +222,12 @@ def load_hf_params(model_dir: str, model_cfg: ModelConfig, shardings: Any) -> di
   `lm_head.weight` is ignored, as transformers does.
   """
   wanted = _tensor_names(model_cfg)
-  files = weight_map(model_dir)
-  for name in files:
-    tied_head = name == 'lm_head.weight' and model_cfg.tie_word_embeddings
-    if name not in wanted and not tied_head and not name.endswith(IGNORED_SUFFIXES):
-      raise HFCheckpointError(f'{files[name]}: unexpected tensor {name} for this config')
-  for name in wanted:
-    if name not in files:
-      raise HFCheckpointError(f'{model_dir}: missing tensor {name}')
+  files = check_tensors(model_dir, model_cfg)
   out: dict = {}
   with contextlib.ExitStack() as stack:
     handles = {p: stack.enter_context(safe_open(p, framework='np')) for p in set(files.values())}
     for name, (keys, transposed, shape) in wanted.items():
       sl = handles[files[name]].get_slice(name)
-      disk = tuple(sl.get_shape())
-      if disk != (shape[::-1] if transposed else shape):
-        raise HFCheckpointError(f'{files[name]}: tensor {name} has shape {list(disk)}, the '
-                                f'config needs {list(shape[::-1] if transposed else shape)}')
 
       def read(index, sl=sl, transposed=transposed):
         block = sl[index[::-1]].T if transposed else sl[index]
