@@ -167,7 +167,8 @@ def _check_paths(config: ml_collections.ConfigDict) -> None:
   rules.check_task(config)
   if config.init_from and not os.path.isdir(config.init_from):
     raise ConfigError('init_from',
-                      f"no such directory (relative to {os.getcwd()}); '' = random init",
+                      f"no such directory (relative to {os.getcwd()}); '' = model.path's "
+                      'weights, or a random init without model.path',
                       config.init_from)
 
 

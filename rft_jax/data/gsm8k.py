@@ -62,7 +62,9 @@ def parse_record(line: str, index: int, path: str) -> dict[str, Any]:
   """One JSONL line -> a record; ValueError naming ``path`` and line ``index`` if malformed."""
   where = f'{path} line {index + 1} (record {index})'
   try:
-    raw = json.loads(line)
+    raw = json.loads(line.rstrip('\r\n'))
+  except json.JSONDecodeError as e:   # its own "line 1" would read oddly after ours
+    raise ValueError(f'{where}: not valid JSON ({e.msg} at column {e.colno})') from None
   except ValueError as e:
     raise ValueError(f'{where}: not valid JSON ({e})') from None
   if not isinstance(raw, dict):

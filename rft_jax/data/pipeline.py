@@ -167,7 +167,8 @@ def encode_prompt(record: Mapping[str, Any], tokenizer: Tokenizer,
   if len(ids) > max_prompt_len:
     raise ValueError(
         f"record id={record['id']}: prompt {_short(record['prompt'])} is "
-        f'{len(ids)} tokens (with BOS) > max_prompt_len={max_prompt_len}')
+        f'{len(ids)} tokens{" (with BOS)" if tokenizer.bos_id is not None else ""} > '
+        f'max_prompt_len={max_prompt_len}')
   pad = max_prompt_len - len(ids)
   tokens = np.full((max_prompt_len,), tokenizer.pad_id, np.int32)
   tokens[pad:] = ids
