@@ -67,6 +67,38 @@ def model_config(config) -> ModelConfig:
   return dataclasses.replace(hf, dtype=config.model.dtype, **run_time)
 
 
+def _check_vocab(tokenizer, model_cfg: ModelConfig) -> None:
+  if tokenizer.vocab_size > model_cfg.vocab_size:
+    raise SetupError(f'config.model.vocab_size={model_cfg.vocab_size} is smaller than the '
+                     f'tokenizer vocabulary ({tokenizer.vocab_size}, {tokenizer.path})')
+
+
+def _check_chat_template(config, tokenizer) -> bool:
+  """config.task.chat_template, checked against the tokenizer."""
+  chat = config.task.get('chat_template', True)
+  if chat and not getattr(tokenizer, 'chat_template', None):
+    raise SetupError(f'config.task.chat_template=True but the tokenizer ({tokenizer!r}) has no '
+                     'chat template; set it to False for plain-text prompts')
+  return chat
+
+
+def check_setup(config) -> None:
+  """What `--validate_only` checks beyond the config, building nothing: the model section
+  against model.path's config.json, the tokenizer (it loads; its vocabulary fits the model) and,
+  for GSM8K, both files of task.manual_dir (every line parsed) and the chat template.
+  SetupError naming the key, file and record."""
+  model_cfg = model_config(config)   # first: its message lists every field to set
+  tokenizer = _load_tokenizer(config)
+  _check_vocab(tokenizer, model_cfg)
+  if config.task.name == 'gsm8k':
+    try:
+      for split in ('train', 'test'):
+        gsm8k.read_split(config.task.manual_dir, split)
+    except (FileNotFoundError, ValueError) as e:
+      raise SetupError(f'config.task.manual_dir: {e}') from None
+    _check_chat_template(config, tokenizer)
+
+
 def build(config, data: bool = True) -> Components:
   """Mesh, tokenizer, model and its initial params (random, config.init_from, or the HF
   checkpoint at config.model.path, read shard by shard onto the mesh), data sources (None
@@ -77,9 +109,7 @@ def build(config, data: bool = True) -> Components:
     raise SetupError(str(e)) from None
   tokenizer = _load_tokenizer(config)
   model_cfg = model_config(config)
-  if tokenizer.vocab_size > model_cfg.vocab_size:
-    raise SetupError(f'config.model.vocab_size={model_cfg.vocab_size} is smaller than the '
-                     f'tokenizer vocabulary ({tokenizer.vocab_size}, {tokenizer.path})')
+  _check_vocab(tokenizer, model_cfg)
   try:   # before anything is placed: a clear line instead of a device_put shape error
     meshlib.check_model_fits_mesh(model_cfg, mesh)
   except meshlib.MeshError as e:
@@ -164,10 +194,7 @@ def load_task(config, tokenizer):
   except (FileNotFoundError, ValueError) as e:   # one line naming the file (and record)
     raise SetupError(f'config.task.manual_dir: {e}') from None
   splits = _readable(splits, task)
-  chat = task.get('chat_template', True)
-  if chat and not getattr(tokenizer, 'chat_template', None):
-    raise SetupError(f'config.task.chat_template=True but the tokenizer ({tokenizer!r}) has no '
-                     'chat template; set it to False for plain-text prompts')
+  chat = _check_chat_template(config, tokenizer)
   fmt = pipeline.PromptFormat(chat=chat, system_prompt=task.get('system_prompt', ''),
                               instruction=task.get('instruction', ''))
   return tuple(pipeline.formatted(s, tokenizer, fmt) for s in splits)

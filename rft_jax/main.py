@@ -9,7 +9,8 @@ key the recipe leaves out (rft_jax/config_schema.py OPTIONAL_KEYS, e.g. `algo.ti
 added, parsed as its schema type. `--workdir`
 defaults to `runs/<config.name>`. A recipe with a `sft` section runs `rft_jax.sft.run`, one with a
 `dpo` section `rft_jax.dpo_trainer.run` (offline or online DPO), any other the RL trainer
-`rft_jax.trainer.run`. `--validate_only` checks the config, prints
+`rft_jax.trainer.run`. `--validate_only` checks the config and the files it names
+(components.check_setup: model.path's config.json, the tokenizer, GSM8K's data), prints
 'config OK' and exits. The same steps are a Python API: rft_jax/api.py.
 
 Any bad input (a missing or broken config file, an unknown override key, an override that does
@@ -54,14 +55,13 @@ def main(argv: Sequence[str]) -> int:
     print(f'error: {_one_line(str(e))}', file=sys.stderr)
     return USAGE_ERROR
 
-  if validate_only:
-    if config.model.get('path', ''):   # the model fields against the checkpoint's config.json
-      from rft_jax import components  # pylint: disable=g-import-not-at-top
-      try:
-        components.model_config(config)
-      except components.SetupError as e:
-        print(f'error: {_one_line(str(e))}', file=sys.stderr)
-        return USAGE_ERROR
+  if validate_only:   # the files too: model.path's config.json, the tokenizer, GSM8K's data
+    from rft_jax import components  # pylint: disable=g-import-not-at-top
+    try:
+      components.check_setup(config)
+    except components.SetupError as e:
+      print(f'error: {_one_line(str(e))}', file=sys.stderr)
+      return USAGE_ERROR
     print('config OK')
     return 0
   problem = _workdir_problem(workdir)

@@ -8,6 +8,7 @@ command line.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -111,3 +112,29 @@ def test_grpo_gsm8k_on_tiny_qwen2_checkpoint(tmp_path):
   assert broken.stderr.strip().splitlines()[-1].startswith(
       f'error: config.model.path={model_dir}: cannot read its weights'), broken.stderr[-3000:]
   assert os.path.isdir(os.path.join(workdir, 'checkpoints', '2'))
+
+
+def test_validate_only_reads_the_data_and_the_tokenizer(tmp_path):
+  """--validate_only said 'config OK' and the run then failed at its first line of data or at a
+  tokenizer larger than the model."""
+  model_dir = write_tiny_qwen2(str(tmp_path / 'tiny-qwen2'))
+  manual_dir = write_gsm8k(str(tmp_path / 'gsm8k'))
+  check = lambda *extra: run_main(
+      '--config', f'{RECIPE}:tiny', f'--config.model.path={model_dir}',
+      f'--config.task.manual_dir={manual_dir}', *extra,
+      *[f'--config.model.{k}={v}' for k, v in TINY.items()], '--validate_only')
+  ok = check()
+  assert ok.returncode == 0 and ok.stdout.strip() == 'config OK', ok.stderr[-2000:]
+  with open(os.path.join(manual_dir, 'test.jsonl'), 'a') as f:
+    f.write('{"question": "Q?"\n')
+  bad = check()
+  assert bad.returncode == 2, bad.stderr[-2000:]
+  assert re.match(r"error: config.task.manual_dir: .*test.jsonl line 3 \(record 2\): not valid "
+                  r'JSON', bad.stderr), bad.stderr
+  os.remove(os.path.join(manual_dir, 'test.jsonl'))
+  missing = check()
+  assert missing.returncode == 2 and 'missing test.jsonl' in missing.stderr, missing.stderr
+  arith = run_main('--config', 'configs/grpo_arith.py:tiny', '--config.model.vocab_size=16',
+                   '--validate_only')
+  assert arith.returncode == 2 and arith.stderr.startswith(
+      'error: config.model.vocab_size=16 is smaller than the tokenizer vocabulary'), arith.stderr
