@@ -303,3 +303,73 @@ def test_plot_run_marks_incidents_from_jsonl_and_argument(tmp_path, monkeypatch)
   plot.plot_run(plain, tmp_path / 'plain.png')
   kl_ax = next(ax for ax in figures[0].axes if ax.get_title() == 'KL')
   assert _marked_lines(kl_ax) == []
+
+
+# ----------------------------------------------------------------------------
+# rft_jax logs with remediation restores; inputs the tool must refuse or find.
+
+
+def _write_rft_jax(path, segments):
+  """metrics.jsonl train records of `segments` [(trace, first step, last step)], in order (a
+  restore logs the steps after its checkpoint again)."""
+  sink = sinks.JsonlSink(path)
+  for trace, first, last in segments:
+    for step in range(first, last + 1):
+      sink.on_step(step, {k: float(v[step - 1]) for k, v in trace.items()})
+  sink.close()
+
+
+def test_replay_of_a_restored_run_keeps_the_faulty_steps_and_restores_the_monitor(tmp_path,
+                                                                                    traces):
+  """Steps logged again after a restore restart from the monitor's state at the checkpoint:
+  the same fault seen again fires again at the same step. (The replay kept only each step's
+  last record, so a run whose restore fixed the fault replayed with no incident at all.)"""
+  healthy, faulty = traces
+  fixed = tmp_path / 'fixed' / 'metrics.jsonl'
+  fixed.parent.mkdir()
+  _write_rft_jax(fixed, [(faulty, 1, ONSET + 20), (healthy, ONSET - 10, ONSET + 40)])
+  records = formats.load_run(fixed)
+  assert [r['step'] for r in records][ONSET + 19:ONSET + 21] == [ONSET + 20, ONSET - 10]
+  first_pass = _kl_incidents(monitor_replay.replay(records))
+  assert first_pass and ONSET < first_pass[0]['step'] <= ONSET + 20
+  again = tmp_path / 'again' / 'metrics.jsonl'
+  again.parent.mkdir()
+  _write_rft_jax(again, [(faulty, 1, ONSET + 20), (faulty, ONSET - 10, ONSET + 20)])
+  steps = [i['step'] for i in _kl_incidents(monitor_replay.replay(formats.load_run(again)))]
+  half = len(steps) // 2   # each pass the same firings (kl_explosion and its clipping variant)
+  assert half and steps[:half] == steps[half:], steps
+
+
+def test_cli_reads_the_runs_warmup_a_directory_and_refuses_empty_logs(tmp_path, traces,
+                                                                      capsys):
+  healthy, _ = traces
+  run = tmp_path / 'run'
+  run.mkdir()
+  _write_rft_jax(run / 'metrics.jsonl', [(healthy, 1, 30)])
+  (run / 'config.json').write_text(json.dumps({'monitor': {'warmup': 4}}))
+  assert monitor_replay.main([str(run), '--out', str(tmp_path / 'out')]) == 0
+  assert '30 logged steps of' in capsys.readouterr().out   # the directory's metrics.jsonl
+  assert monitor_replay.run_warmup(str(run)) == 4
+  trl = tmp_path / 'trl_out' / 'checkpoint-20'   # TRL writes trainer_state.json only there
+  trl.mkdir(parents=True)
+  _write_trl_state(healthy, trl / 'trainer_state.json')
+  assert formats.load_run(tmp_path / 'trl_out') == formats.load_run(trl / 'trainer_state.json')
+  empty = tmp_path / 'empty.jsonl'
+  empty.write_text('')
+  binary = tmp_path / 'events.png'
+  binary.write_bytes(b'\x89PNG\r\n\x1a\n\xa3\x00')
+  for argv in ([str(empty), '--format', 'verl'], [str(binary)],
+               [str(trl / 'trainer_state.json'), '--format', 'verl']):
+    assert monitor_replay.main(argv) == 2, argv
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith('error: '), err
+  assert monitor_replay.main([str(run), '--out', str(run / 'metrics.jsonl' / 'x')]) == 1
+  assert capsys.readouterr().err.startswith('error: cannot write the replay to')
+
+
+def test_a_trl_log_exported_from_wandb_is_trl():
+  """W&B prefixes TRL's keys with 'train/' (and 'train/global_step' looked like OpenRLHF's)."""
+  raw = [{'train/global_step': 3, 'train/reward': 0.5, 'train/reward_std': 0.1,
+          'train/entropy': 1.2, 'train/learning_rate': 1e-6}]
+  assert formats.detect_format(raw) == 'trl'
+  assert formats.map_record(raw[0], 'trl')['entropy'] == 1.2

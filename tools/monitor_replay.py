@@ -10,14 +10,22 @@ and a count, and writes DIR/incidents.jsonl (one {"step", "kind": "incident", ..
 line, the trainer's format) and DIR/replay.png (the run's signals with the incidents marked).
 DIR defaults to <RUN's directory>/monitor_replay.
 
+RUN may also be a run directory (its metrics.jsonl, or TRL's latest checkpoint-N/
+trainer_state.json). The monitor's warm-up is the run's `monitor.warmup` when an rft_jax
+config.json sits beside the log (`--warmup` overrides). An rft_jax log is replayed in file order:
+steps logged again after a remediation restore restart from the monitor state of the step
+before, as in the live run.
+
 Exit status: 0 after a replay (whether or not it found incidents); 2 with a one-line error when
-the file is missing or its format is unknown.
+the file is missing, holds no records of its format, or its format is unknown; 1 when the
+output cannot be written.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import math
 import os
 import sys
@@ -61,7 +69,10 @@ def step_inputs(record: Mapping[str, Any]) -> dict[str, np.float32]:
 
 def replay(records: Sequence[Mapping[str, Any]],
            cfg: detectors.MonitorConfig | None = None) -> list[dict[str, Any]]:
-  """Runs the monitor over `records` (rft_jax names, each with 'step'), in order.
+  """Runs the monitor over `records` (rft_jax names, each with 'step'), in order. A step that
+  does not follow the one before (a remediation restore: rft_jax logs the steps after the
+  checkpoint again) restarts from the monitor's state after the step before it, as the trainer
+  restores the monitor with the checkpoint.
 
   Returns the incidents (`monitor.incidents_from_alarms` dicts) in the order they were raised,
   with steps and onsets in the log's step numbering.
@@ -69,9 +80,15 @@ def replay(records: Sequence[Mapping[str, Any]],
   cfg = detectors.MonitorConfig() if cfg is None else cfg
   update = _jitted_update(cfg)
   state = monitor.init_monitor(cfg)
+  after: dict[int, monitor.MonitorState] = {}   # the monitor's state after each step
   incidents: list[dict[str, Any]] = []
+  last = None
   for record in records:
+    step = int(record['step'])
+    if last is not None and step <= last:   # a restore: the run went on from step - 1's state
+      state = after.get(step - 1, monitor.init_monitor(cfg))
     state, alarms = update(state, step_inputs(record))
+    after[step], last = state, step
     if bool(jax.device_get(alarms.fired).any()):  # the only host round-trip on healthy steps
       incidents.extend(monitor.incidents_from_alarms(jax.device_get(alarms),
                                                      int(record['step'])))
@@ -133,29 +150,58 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                       help='auto (default), ' + ', '.join(formats.FORMATS))
   parser.add_argument('--out', default=None,
                       help='output directory (default: <run dir>/monitor_replay)')
+  parser.add_argument('--warmup', type=int, default=None,
+                      help="the monitor's warm-up steps (default: the run's monitor.warmup from "
+                           'config.json beside an rft_jax log, else '
+                           f'{detectors.MonitorConfig.warmup})')
   return parser.parse_args(argv)
+
+
+def run_warmup(run_dir: str) -> int | None:
+  """monitor.warmup in the rft_jax config.json of `run_dir`, or None."""
+  path = os.path.join(run_dir, 'config.json')
+  try:
+    with open(path, encoding='utf-8') as f:
+      warmup = json.load(f).get('monitor', {}).get('warmup')
+  except (OSError, ValueError, AttributeError):
+    return None
+  return warmup if isinstance(warmup, int) and not isinstance(warmup, bool) else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = _parse_args(argv)
+  if args.warmup is not None and args.warmup < 1:
+    print(f'error: --warmup={args.warmup}: must be at least 1', file=sys.stderr)
+    return 2
   try:
     records = formats.load_run(args.run, args.format)
   except (FileNotFoundError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
-  out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.run)), 'monitor_replay')
-  os.makedirs(out, exist_ok=True)
+  run_dir = args.run if os.path.isdir(args.run) else os.path.dirname(os.path.abspath(args.run))
+  warmup = args.warmup or run_warmup(run_dir)
+  cfg = detectors.MonitorConfig(**({'warmup': warmup} if warmup else {}))
 
-  incidents = replay(records)
+  incidents = replay(records, cfg)
   for incident in incidents:
     print(format_incident(incident))
-  print(f'{len(incidents)} incident(s) over {len(records)} logged steps of {args.run}')
+  steps = formats.last_per_step(records)
+  again = f' ({len(records) - len(steps)} logged again after restores)' if len(
+      records) > len(steps) else ''
+  print(f'{len(incidents)} incident(s) over {len(steps)} logged steps{again} of {args.run} '
+        f'(monitor warm-up {cfg.warmup} steps)')
 
+  out = args.out or os.path.join(run_dir, 'monitor_replay')
   incidents_path = os.path.join(out, 'incidents.jsonl')
   png_path = os.path.join(out, 'replay.png')
-  write_incidents(incidents_path, incidents)
-  plot.plot_records(records, png_path, title=f'replay: {os.path.basename(args.run)}',
-                    incidents=incidents)
+  try:
+    os.makedirs(out, exist_ok=True)
+    write_incidents(incidents_path, incidents)
+    plot.plot_records(steps, png_path, title=f'replay: {os.path.basename(args.run)}',
+                      incidents=incidents)
+  except OSError as e:
+    print(f'error: cannot write the replay to {out}: {e.strerror or e}', file=sys.stderr)
+    return 1
   print(f'wrote {incidents_path} and {png_path}')
   return 0
 

@@ -105,7 +105,9 @@ OPENRLHF_NAMES: dict[str, tuple[str, ...]] = {
     # Not mapped: 'vllm_kl' (a KL estimate, not rft_jax's mean absolute log-prob difference).
 }
 OPENRLHF_STEP_KEYS = ('global_step', 'step', '_step')
-OPENRLHF_PREFIX = 'train/'
+# Logged through W&B (report_to='wandb' and its JSON exports), TRL's and OpenRLHF's keys carry a
+# 'train/' prefix ('train/loss', 'train/global_step'); it is stripped before detection and mapping.
+WANDB_PREFIX = 'train/'
 
 TABLES: dict[str, dict[str, tuple[str, ...]]] = {
     'verl': VERL_NAMES, 'trl': TRL_NAMES, 'openrlhf': OPENRLHF_NAMES}
@@ -117,7 +119,7 @@ _MARKERS: tuple[tuple[str, re.Pattern], ...] = (
     ('verl', re.compile(r'^(actor|critic|response_length|training)/')),
     ('trl', re.compile(r'^(frac_reward_zero_std|reward_std|learning_rate|completions/'
                        r'|completion_length$|rewards/|clip_ratio/)')),
-    ('openrlhf', re.compile(r'^(train/)?(policy_loss|actor_lr|ppo_clip_ratio|entropy_loss'
+    ('openrlhf', re.compile(r'^(policy_loss|actor_lr|ppo_clip_ratio|entropy_loss'
                             r'|actor_grad_norm|total_length|global_step)$')),
     ('rft_jax', re.compile(r'^(reward/mean|response/len_mean|mismatch/|invariant/)')),
 )
@@ -163,8 +165,8 @@ def map_record(record: Mapping[str, Any], fmt: str) -> dict[str, float]:
 
   Values that are not real numbers and keys without an rft_jax counterpart are dropped.
   """
-  if fmt == 'openrlhf':
-    record = _strip_prefix(record, OPENRLHF_PREFIX)
+  if fmt in ('openrlhf', 'trl'):
+    record = _strip_prefix(record, WANDB_PREFIX)
   out: dict[str, float] = {}
   for target, sources in TABLES[fmt].items():
     for source in sources:
@@ -200,6 +202,7 @@ def detect_format(records: Iterable[Mapping[str, Any]]) -> str | None:
     if record.get('kind') == 'train':
       return 'rft_jax'
     keys.update(record)
+  keys |= {k[len(WANDB_PREFIX):] for k in keys if k.startswith(WANDB_PREFIX)}
   for fmt, pattern in _MARKERS:
     if any(pattern.search(key) for key in keys):
       return fmt
@@ -225,8 +228,11 @@ def _read_json_lines(path: str) -> list[dict[str, Any]]:
 
 def _read_raw(path: str) -> tuple[list[dict[str, Any]], bool]:
   """(log dicts, came from a trainer_state.json) for a JSON document or a JSONL file."""
-  with open(path, encoding='utf-8') as f:
-    text = f.read()
+  try:
+    with open(path, encoding='utf-8') as f:
+      text = f.read()
+  except UnicodeDecodeError:
+    raise ValueError(f'{path}: not a text file (a log is JSON or JSONL)') from None
   try:
     document = json.loads(text)
   except json.JSONDecodeError:
@@ -249,13 +255,36 @@ def _merge_by_step(records: Iterable[dict[str, float]]) -> list[dict[str, float]
 
 
 def _load_rft_jax(path: str) -> list[dict[str, Any]]:
+  """Train records in file order: after a remediation restore (monitor.mode='auto') the steps
+  after the checkpoint are logged again, and the replay restores its monitor state the same
+  way (monitor_replay.replay)."""
   records = []
   for record in read_jsonl(path, kind='train'):
     row = {k: v for k, v in record.items()
            if k not in ('kind', 'step') and _number(v) is not None}
     row = {k: _number(v) for k, v in row.items()}
     records.append({'step': int(record['step']), **row})
+  return records
+
+
+def last_per_step(records: Iterable[dict[str, float]]) -> list[dict[str, float]]:
+  """One record per step, sorted; a later record's values win (a restored run's last try)."""
   return _merge_by_step(records)
+
+
+def _log_in(directory: str) -> str:
+  """The log of a run directory: rft_jax's metrics.jsonl, TRL's trainer_state.json, or that of
+  its latest checkpoint-N/ (TRL writes it only there)."""
+  for name in ('metrics.jsonl', 'trainer_state.json'):
+    if os.path.isfile(os.path.join(directory, name)):
+      return os.path.join(directory, name)
+  steps = [(int(m.group(1)), n) for n in os.listdir(directory)
+           if (m := re.fullmatch(r'checkpoint-(\d+)', n))
+           and os.path.isfile(os.path.join(directory, n, 'trainer_state.json'))]
+  if steps:
+    return os.path.join(directory, max(steps)[1], 'trainer_state.json')
+  raise FileNotFoundError(f'{directory}: a directory without metrics.jsonl, trainer_state.json '
+                          'or checkpoint-N/trainer_state.json; pass the log file')
 
 
 def load_run(path: str | os.PathLike, fmt: str = 'auto') -> list[dict[str, Any]]:
@@ -263,20 +292,25 @@ def load_run(path: str | os.PathLike, fmt: str = 'auto') -> list[dict[str, Any]]
 
   Args:
     path: an rft_jax metrics.jsonl, a verl/TRL/OpenRLHF JSONL of per-step log dicts, or TRL's
-      trainer_state.json.
+      trainer_state.json; or a run directory holding one (TRL's output_dir: the latest
+      checkpoint-N/trainer_state.json).
     fmt: one of FORMATS, or 'auto' to detect it from the keys.
   Returns:
-    One dict per logged step, sorted by step, each {'step': int, <rft_jax name>: float, ...}.
-    Records without a step or without any mapped metric (TRL's end-of-training summary, eval
-    lines) are skipped.
+    Foreign logs: one dict per logged step, sorted by step, each {'step': int, <rft_jax name>:
+    float, ...}. Records without a step or without any mapped metric (TRL's end-of-training
+    summary, eval lines) are skipped. rft_jax logs: the train records in file order (steps
+    repeat after a remediation restore; last_per_step merges them).
   Raises:
     FileNotFoundError: `path` does not exist.
-    ValueError: unknown `fmt`, or a format that cannot be detected (one line naming the file).
+    ValueError: unknown `fmt`, a format that cannot be detected, a binary file, or no record of
+      the format (one line naming the file).
   """
   path = os.fspath(path)
   if fmt != 'auto' and fmt not in FORMATS:
     raise ValueError(f'{path}: unknown format {fmt!r} (expected auto or one of '
                      f'{", ".join(FORMATS)})')
+  if os.path.isdir(path):
+    path = _log_in(path)
   if not os.path.isfile(path):
     raise FileNotFoundError(f'{path}: no such file')
   raw, from_trainer_state = _read_raw(path)
@@ -286,20 +320,28 @@ def load_run(path: str | os.PathLike, fmt: str = 'auto') -> list[dict[str, Any]]
     if fmt is None:
       raise ValueError(f'{path}: cannot detect the log format from its keys; pass --format '
                        f'({", ".join(FORMATS)})')
+  if not raw:
+    raise ValueError(f'{path}: no log records in it (an empty file?)')
   if fmt == 'rft_jax':
     if any(r.get('kind') == 'train' for r in raw):
-      return _load_rft_jax(path)
+      return _nonempty(_load_rft_jax(path), path, fmt)
     # rft_jax names without JsonlSink's 'kind' field (e.g. a hand-made JSONL).
-    return _merge_by_step(
+    return _nonempty(_merge_by_step(
         {'step': step, **{k: _number(v) for k, v in r.items()
                           if k != 'step' and _number(v) is not None}}
-        for r in raw if (step := _step_of(r, ('step',))) is not None)
+        for r in raw if (step := _step_of(r, ('step',))) is not None), path, fmt)
   records = []
   for record in raw:
-    if fmt == 'openrlhf':
-      record = _strip_prefix(record, OPENRLHF_PREFIX)
+    if fmt in ('openrlhf', 'trl'):
+      record = _strip_prefix(record, WANDB_PREFIX)   # for its step key
     step = _step_of(record, STEP_KEYS[fmt])
     metrics = map_record(record, fmt)
     if step is not None and metrics:
       records.append({'step': step, **metrics})
-  return _merge_by_step(records)
+  return _nonempty(_merge_by_step(records), path, fmt)
+
+
+def _nonempty(records: list[dict[str, Any]], path: str, fmt: str) -> list[dict[str, Any]]:
+  if not records:
+    raise ValueError(f'{path}: no record with a step and a {fmt} metric (is it a {fmt} log?)')
+  return records
