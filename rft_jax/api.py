@@ -336,9 +336,11 @@ class Run:
     config = self.config
     if self.mesh_from_record:   # trained on 8 devices, opened in a 1-device notebook: fine
       import jax  # pylint: disable=g-import-not-at-top
+      from rft_jax import components  # pylint: disable=g-import-not-at-top
       from rft_jax.parallel import mesh as meshlib  # pylint: disable=g-import-not-at-top
-      try:
-        meshlib.mesh_shape(config.mesh, jax.device_count())
+      try:   # a -1 axis resolves on these devices to a size that may not divide the model
+        meshlib.check_model_fits_mesh(components.model_config(config),
+                                      meshlib.mesh_shape(config.mesh, jax.device_count()))
       except meshlib.MeshError:
         config = copy.deepcopy(config)
         config.mesh = ml_collections.ConfigDict({'data': -1, 'fsdp': 1, 'tensor': 1})

@@ -113,7 +113,11 @@ def build(config, data: bool = True) -> Components:
   try:   # before anything is placed: a clear line instead of a device_put shape error
     meshlib.check_model_fits_mesh(model_cfg, mesh)
   except meshlib.MeshError as e:
-    raise SetupError(str(e)) from None
+    raise SetupError(str(e) + meshlib.resolved_note(config.mesh, mesh)) from None
+  if mesh.size < jax.device_count() and jax.process_count() > 1:   # other hosts left out
+    raise SetupError(f'config.mesh={dict(mesh.shape)} uses {mesh.size} of the '
+                     f'{jax.device_count()} devices of {jax.process_count()} processes; with '
+                     'several processes data*fsdp*tensor must be the device count (or use -1)')
   graphdef, abstract_state = lm.abstract_params(model_cfg)
   shardings = meshlib.param_shardings(abstract_state, mesh)
   if config.init_from:

@@ -186,6 +186,21 @@ def test_history_is_the_metrics_file(run, tmp_path_factory):
     os.chdir(cwd)
     with open(recorded, 'w') as f:
       json.dump(saved, f)
+  # A -1 axis that resolves on another device count to a size the model does not divide
+  # (fsdp=-1 -> 6 on 6 devices, hidden_size 128) falls back to data parallelism too.
+  with open(recorded, 'w') as f:
+    json.dump({**saved, 'mesh': {'data': 1, 'fsdp': -1, 'tensor': 1}}, f)
+  try:
+    code = ('from rft_jax import api; import sys; '
+            'print(api.open_run(sys.argv[1]).policy.step)')
+    done = subprocess.run(
+        [sys.executable, '-c', code, run.workdir], capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO,
+                 XLA_FLAGS='--xla_force_host_platform_device_count=6'), check=False)
+    assert done.returncode == 0 and done.stdout.split()[-1] == str(STEPS), done.stderr[-2000:]
+  finally:
+    with open(recorded, 'w') as f:
+      json.dump(saved, f)
   os.rename(os.path.join(run.workdir, 'config.json'), os.path.join(run.workdir, 'c.json'))
   try:   # a workdir of an older rft_jax has none
     with pytest.raises(ValueError, match='without its config'):

@@ -112,8 +112,14 @@ def test_mesh_shape_resolution_and_errors():
   assert meshlib.mesh_shape({'data': 1, 'fsdp': 1, 'tensor': 1}, 8) == (1, 1, 1)
   with pytest.raises(meshlib.MeshError, match='needs 16 devices'):
     meshlib.mesh_shape({'data': 4, 'fsdp': 4, 'tensor': 1}, 8)
-  with pytest.raises(meshlib.MeshError, match='not divisible'):
+  with pytest.raises(meshlib.MeshError, match=r'^config.mesh: the fixed axes \(fsdp=3, '
+                     r'tensor=1; product 3\) do not divide the 8 devices, so mesh.data=-1 has '
+                     r'no whole size$'):
     meshlib.mesh_shape({'data': -1, 'fsdp': 3, 'tensor': 1}, 8)
+  # An error about a size a -1 resolved to says so.
+  assert meshlib.resolved_note({'data': 2, 'fsdp': 1, 'tensor': -1}, (2, 1, 4)) == (
+      ' (config.mesh.tensor=-1 resolved to 4)')
+  assert meshlib.resolved_note({'data': 2, 'fsdp': 1, 'tensor': 4}, (2, 1, 4)) == ''
   with pytest.raises(meshlib.MeshError, match=r'config.mesh.fsdp=0'):
     meshlib.mesh_shape({'data': 1, 'fsdp': 0, 'tensor': 1}, 8)
 

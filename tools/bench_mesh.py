@@ -48,7 +48,15 @@ CAVEAT = ('8 fake devices on 2 cores measure overhead, not speedup'
 
 
 def parse_meshes(text: str) -> list[tuple[int, int, int]]:
-  return [tuple(int(x) for x in m.split('x')) for m in text.split(',')]
+  """'1x1x1,2x2x2' -> [(1, 1, 1), (2, 2, 2)]; ValueError unless each is three positive ints."""
+  meshes = []
+  for m in text.split(','):
+    parts = m.strip().split('x')
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+      raise ValueError(f'--meshes: {m!r} is not DATAxFSDPxTENSOR (three positive integers, '
+                       'e.g. 2x2x2)')
+    meshes.append(tuple(int(p) for p in parts))
+  return meshes
 
 
 def main():
@@ -60,6 +68,10 @@ def main():
                   help='trace without jax.set_mesh (activation constraints off); trainer.py '
                        'traces under it')
   args = ap.parse_args()
+  try:   # before anything is built
+    meshes = parse_meshes(args.meshes)
+  except ValueError as e:
+    ap.error(str(e))
   config = load_config(args.config)
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 1, 1
   c = components.build(config)
@@ -85,7 +97,7 @@ def main():
   batch = None
   print(f'{"mesh d x f x t":>15} | {"sampler tok/s":>13} | {"train tok/s":>11} | '
         f'{"est. peak/device":>16}')
-  for shape in parse_meshes(args.meshes):
+  for shape in meshes:
     label = 'x'.join(map(str, shape))
     try:
       mesh = meshlib.make_mesh(dict(zip(meshlib.MESH_AXES, shape)))

@@ -38,13 +38,23 @@ def mesh_shape(mesh_cfg: Any, num_devices: int) -> tuple[int, int, int]:
     raise MeshError('config.mesh: at most one axis may be -1')
   if -1 in sizes:
     if num_devices % known:
-      raise MeshError(f'config.mesh: {num_devices} devices are not divisible by the fixed axes '
-                      f'(product {known})')
+      wild = MESH_AXES[sizes.index(-1)]
+      fixed = ', '.join(f'{a}={s}' for a, s in zip(MESH_AXES, sizes) if s != -1)
+      raise MeshError(f'config.mesh: the fixed axes ({fixed}; product {known}) do not divide '
+                      f'the {num_devices} devices, so mesh.{wild}=-1 has no whole size')
     sizes[sizes.index(-1)] = num_devices // known
   if math.prod(sizes) > num_devices:
     raise MeshError(f'config.mesh={dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices '
                     f'(data*fsdp*tensor) but only {num_devices} are present')
   return tuple(sizes)
+
+
+def resolved_note(mesh_cfg: Any, mesh) -> str:
+  """' (config.mesh.tensor=-1 resolved to 4)' for the axis a -1 left to the device count, so an
+  error about the resolved size names what the user set; '' without a -1."""
+  shape = _shape_of(mesh)
+  wild = [(a, n) for a, n in zip(MESH_AXES, shape) if int(mesh_cfg[a]) == -1]
+  return ''.join(f' (config.mesh.{a}=-1 resolved to {n})' for a, n in wild)
 
 
 def make_mesh(mesh_cfg: Any, devices=None) -> Mesh:
