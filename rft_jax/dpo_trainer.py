@@ -37,7 +37,7 @@ from rft_jax.data import arith_pairs, pipeline
 from rft_jax.parallel import hostdata
 from rft_jax.parallel import mesh as meshlib
 from rft_jax.rewards.runner import RewardRunner
-from rft_jax.sampling.sampler import SamplingConfig, make_sampler
+from rft_jax.sampling.sampler import SamplingConfig, extra_stop_ids, make_sampler
 from rft_jax.sampling.text import decode_completions
 
 # config.dpo.pairs -> fn(data_dir) -> random-access source of {'id', 'prompt', 'chosen',
@@ -111,6 +111,7 @@ class OnlinePairs:
     r = config.rollout
     self.sampler = make_sampler(c.graphdef, c.model_cfg, SamplingConfig(
         max_new_tokens=r.max_new_tokens, eos_id=c.tokenizer.eos_id, pad_id=c.tokenizer.pad_id,
+        stop_ids=extra_stop_ids(c.tokenizer),
         temperature=r.temperature, top_k=r.top_k, top_p=r.top_p), group_size=r.group_size)
     self.prepare = jax.jit(functools.partial(dpo.online_batch, graphdef=c.graphdef,
                                              group_size=r.group_size),

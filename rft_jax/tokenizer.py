@@ -112,7 +112,8 @@ class HFTokenizer:
   pad token (Llama 2/3, Mistral) pads with EOS: ``pad_id == eos_id``; the sampler's completion
   mask still ends at the first EOS, so padding never looks like content. ``bos_id`` is None
   when there is no BOS (Qwen2). ``stop_ids`` lists every EOS id of ``generation_config.json``
-  (e.g. Llama 3's ``<|end_of_text|>`` and ``<|eot_id|>``); the sampler stops at ``eos_id`` only.
+  (e.g. Llama 3's ``<|end_of_text|>`` and ``<|eot_id|>``); the sampler stops at any of them
+  (SamplingConfig.stop_ids).
 
   A SentencePiece model follows transformers' ``legacy=False`` default (``legacy`` in
   ``tokenizer_config.json`` overrides): the SentencePiece dummy-prefix space is added at the

@@ -35,7 +35,7 @@ from rft_jax.parallel import hostdata
 from rft_jax.parallel import mesh as meshlib
 from rft_jax.rewards import verifiers
 from rft_jax.rewards.runner import RewardRunner
-from rft_jax.sampling.sampler import SamplingConfig, make_sampler
+from rft_jax.sampling.sampler import SamplingConfig, extra_stop_ids, make_sampler
 from rft_jax.scaling import live as scaling_live
 from rft_jax.telemetry import flops, vocabulary
 from rft_jax.telemetry.metrics import completion_diversity
@@ -161,6 +161,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
     return make_sampler(c.graphdef, c.model_cfg, SamplingConfig(
         max_new_tokens=max_new_tokens or config.rollout.max_new_tokens,
         eos_id=-1 if ignore_eos else c.tokenizer.eos_id,
+        stop_ids=() if ignore_eos else extra_stop_ids(c.tokenizer),
         pad_id=c.tokenizer.pad_id, temperature=temperature, top_k=config.rollout.top_k,
         top_p=config.rollout.top_p), group_size=config.rollout.group_size)
 

@@ -14,6 +14,7 @@ from rft_jax.models import ModelConfig, create, forward
 from rft_jax.sampling import sampler as samplerlib
 from rft_jax.sampling.sampler import (SamplingConfig, choose, filter_logits, inverse_cdf_draw,
                                      make_sampler)
+from rft_jax.sampling.text import decode_completions
 import model_fixtures
 from model_fixtures import randomize
 
@@ -349,3 +350,25 @@ def test_decode_after_prefill_jitted_apart_is_the_sampler(model, prompts):
   np.testing.assert_array_equal(np.asarray(got.mask_bt), np.asarray(want.mask_bt))
   np.testing.assert_allclose(np.asarray(got.logp_bt), np.asarray(want.logp_bt), atol=1e-5)
   assert 0 < np.asarray(got.mask_bt).sum() < 8 * T   # some rows stopped early, some sampled
+
+
+def test_stop_ids_end_a_completion_like_eos(model, prompts):
+  """A further stop id (generation_config.json's eos_token_id list) ends a row as EOS does: the
+  mask keeps it, the row is not truncated, the text drops it. Without it the row runs on."""
+  graphdef, base, _ = model
+  stop = EOS + 1   # forced at once by the same bias trick, on another id
+  params = model_fixtures.with_eos_bias(base, 100.0, stop)
+  tokens, mask = prompts
+  rng = jax.random.key(0)
+  stopped = sampler(graphdef, temperature=1.0, stop_ids=(stop,))(params, tokens, mask, rng)
+  np.testing.assert_array_equal(np.asarray(stopped.tokens_bt)[:, 0], stop)
+  np.testing.assert_array_equal(np.asarray(stopped.mask_bt).sum(axis=1), 1)
+  assert not np.asarray(stopped.truncated_b).any()
+  running = sampler(graphdef, temperature=1.0)(params, tokens, mask, rng)
+  assert np.asarray(running.truncated_b).all() and np.asarray(running.mask_bt).sum() == (
+      tokens.shape[0] * T)
+
+  class Tok:   # decode_completions drops every stop id
+    eos_id, stop_ids = EOS, (EOS, stop)
+    decode = staticmethod(lambda ids: ' '.join(map(str, ids)))
+  assert decode_completions(Tok, [[5, stop, 0]], [[1, 1, 0]]) == ['5']

@@ -24,13 +24,29 @@ class SamplingConfig:
   temperature: float = 1.0   # 0 = greedy
   top_k: int = 0             # 0 = off
   top_p: float = 1.0         # 1.0 = off
+  # Further ids that end a completion as eos_id does (a HF checkpoint's generation_config.json
+  # eos_token_id list, e.g. Llama 3's <|eot_id|> beside <|end_of_text|>; tokenizer.stop_ids).
+  stop_ids: tuple[int, ...] = ()
+
+
+def extra_stop_ids(tokenizer) -> tuple[int, ...]:
+  """The tokenizer's stop ids besides eos_id (for SamplingConfig.stop_ids)."""
+  return tuple(int(i) for i in getattr(tokenizer, 'stop_ids', ()) if i != tokenizer.eos_id)
+
+
+def is_stop(tokens, cfg: SamplingConfig):
+  """tokens == eos_id or any of stop_ids (bool, tokens' shape)."""
+  out = tokens == cfg.eos_id
+  for stop in cfg.stop_ids:
+    out = out | (tokens == stop)
+  return out
 
 
 @struct.dataclass
 class Rollout:
   """Completions for B rows.
 
-  tokens_bt: sampled ids, pad after EOS. logp_bt: log-prob of each sampled token under the
+  tokens_bt: sampled ids, pad after EOS (eos_id or one of stop_ids). logp_bt: log-prob of each sampled token under the
   distribution actually sampled from (after temperature, top-k, top-p; for greedy, the untempered
   model distribution); 0 where mask is 0. mask_bt: 1 on generated tokens up to and including EOS.
   truncated_b: True where no EOS came within T tokens.
@@ -160,7 +176,7 @@ def decode(graphdef, params, prompt_tokens_bp, prompt_mask_bp, rng, last_logits_
     logp_b = jnp.where(done_b, 0.0, logp_b)
     tokens_bt = tokens_bt.at[:, i].set(token_b)
     logp_bt = logp_bt.at[:, i].set(logp_b)
-    done_b = done_b | (token_b == cfg.eos_id)
+    done_b = done_b | is_stop(token_b, cfg)
     rope_b1 = tuple(jax.lax.dynamic_slice_in_dim(x, i, 1, axis=1) for x in (cos_bt1d, sin_bt1d))
     logits_b1v, cache = lm.forward_cached(graphdef, params, token_b[:, None],
                                           (prompt_len_b + i)[:, None], own_valid_bt, cache, i,
@@ -172,7 +188,7 @@ def decode(graphdef, params, prompt_tokens_bp, prompt_mask_bp, rng, last_logits_
   _, _, _, done_b, tokens_bt, logp_bt, _ = jax.lax.while_loop(cond, body, init)
   # Mask: tokens up to and including the first EOS. Slots never written (early exit) only exist
   # when every row is done, so they all lie after an EOS.
-  is_eos = tokens_bt == cfg.eos_id
+  is_eos = is_stop(tokens_bt, cfg)
   mask_bt = ((jnp.cumsum(is_eos, axis=-1) - is_eos) == 0).astype(jnp.int32)
   return Rollout(prompt_tokens_bp=prompt_tokens_bp, prompt_mask_bp=prompt_mask_bp,
                  tokens_bt=tokens_bt, logp_bt=logp_bt * mask_bt, mask_bt=mask_bt,
