@@ -261,8 +261,11 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
     break
   record_workdir_config(config, workdir)
   if jax.process_index() == 0:
-    initial_policy.record(workdir, initial if initial is not None and start
-                          else initial_policy.describe(config))
+    if initial is not None and start:   # checked on resume: the same policy, its files' stats
+      initial_policy.record(workdir, initial)
+    elif not start or not os.path.isfile(os.path.join(workdir, initial_policy.RECORD)):
+      initial_policy.record(workdir, initial_policy.describe(config))   # (a resume unchecked
+      # because the run has no reference keeps the record of the policy it started from)
   primary = jax.process_index() == 0   # with several processes only process 0 logs
   hooks = sinks.HookList() if not primary else sinks.make_sinks(
       workdir, console=config.telemetry.console, jsonl=config.telemetry.jsonl,

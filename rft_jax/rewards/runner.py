@@ -6,8 +6,8 @@
 
 Verifiers registered `inline=True` (verifiers.register_verifier; the built-in `correct` and
 `format`: bounded-time string checks) are scored in the calling process with no timer, while
-the workers score the others; a raise is still an error for that sample. The rest is for the
-others.
+the workers score the others; a raise is still an error for that sample. The isolation below
+is for the others.
 
 Isolation, from the inside out:
   1. (scoring.py) Each (sample, verifier) call runs under a SIGALRM timer (`timeout_s`). A call
