@@ -52,6 +52,28 @@ CASES = [
     ('\\boxed{x + 1}, where x = 71 so 72', '72', 0.0, 1.0),     # a box is read by its 1st number
     ('\\boxed{y}, so 72 it is', '72', 1.0, 0.0),                # a box without one: last number
     ('3,4', '34', 0.0, 0.0),                                    # not a thousands group
+    # Markdown headings are not answer markers (they read as `#### 2` and earned the format).
+    ('#### Step 1: May sales\n48 / 2 = 24\n#### Step 2: total\nSo she sold 72 clips in total.',
+     '72', 1.0, 0.0),
+    ('I think about it.\n#### Step 1\nNo answer here.', '1', 1.0, 0.0),  # last number, no format
+    ('#### **72**', '72', 1.0, 1.0),
+    ('#### $\\boxed{72}$', '72', 1.0, 1.0),
+    # LaTeX spellings of a number.
+    ('\\boxed{\\text{72}} (from 48+24)', '72', 1.0, 1.0),     # \text{} is its content
+    ('\\boxed{\\textbf{72}}', '72', 1.0, 1.0),
+    ('\\boxed{\\text{18 dollars}} \\text{ and } 20', '18', 1.0, 1.0),
+    ('\\boxed{1\\,000} dollars total over 12 months', '1000', 1.0, 1.0),   # thousands
+    ('\\boxed{1{,}000}', '1000', 1.0, 1.0),
+    ('#### 1{,}000', '1000', 1.0, 1.0),
+    ('\\boxed{1\\ 000}', '1000', 1.0, 1.0),
+    ('\\boxed{7\\!2}', '72', 1.0, 1.0),
+    ('\\boxed{-\\$3}', '-3', 1.0, 1.0),                         # the sign before \$
+    ('\\boxed{-\\$3}', '3', 0.0, 1.0),
+    ('\\boxed{-\\frac{1}{2}}', '-0.5', 1.0, 1.0),               # and before \frac
+    ('\\boxed{-\\frac{1}{2}}', '0.5', 0.0, 1.0),
+    # A number too long for fractions.Fraction (> 4300 digits) is a wrong answer, not an error.
+    ('#### ' + '1' * 4301, '72', 0.0, 1.0),
+    ('#### 72 ' + '1' * 4301, '72', 1.0, 1.0),
     # Missing answers.
     ('I am not sure how to solve this problem.', '72', 0.0, 0.0),
     ('', '72', 0.0, 0.0),
@@ -89,3 +111,10 @@ def test_runner_scores_in_worker_processes():
   assert result.per_verifier['gsm8k'].tolist() == [1.0, 0.0, 1.0]
   assert result.total.tolist() == pytest.approx([1.1, 0.1, 1.0])
   assert result.valid.all()
+
+
+def test_unclosed_boxes_are_skipped():
+  """Unclosed \\boxed{ are passed over for the last closed one, or the last number (they are
+  matched in one pass: the scan to the end per box took ~2 s on 10k characters of them)."""
+  assert gsm8k.extract_answer('\\boxed{' * 1500 + ' so 72') == 72
+  assert gsm8k.extract_answer('\\boxed{70} \\boxed{' * 3 + ' 5') == 70
