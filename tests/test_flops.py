@@ -68,3 +68,14 @@ def test_step_flops_from_a_recipe_config():
   assert out == pytest.approx(expected)
   # 6N per trained token dominates: ~0.79M params, 256 rows of 11.2 tokens, 2 updates
   assert 0.8 < out['train'] / (2 * 256 * 11.2 * 6 * flops.matmul_params(model)) < 1.2
+
+
+def test_a_separate_ppo_critic_is_counted():
+  """algo.critic='separate' trains a second copy of the model: its passes are in the total."""
+  from configs import ppo_arith  # pylint: disable=g-import-not-at-top
+  config = ppo_arith.get_config('tiny')
+  shared = flops.step_flops_from_config(config, gen_len_mean=4.0)
+  config.algo.critic = 'separate'
+  separate = flops.step_flops_from_config(config, gen_len_mean=4.0)
+  assert shared['critic'] == 0 and separate['critic'] > 0
+  assert separate['total'] == pytest.approx(shared['total'] + separate['critic'])

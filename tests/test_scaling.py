@@ -151,7 +151,7 @@ def test_compare_names_the_higher_asymptote_or_says_not_distinguishable():
 def test_malformed_input_says_why(fn, compute, values, message):
   fit = scaling.fit_sigmoid if fn == 'sigmoid' else scaling.fit_power_law
   with pytest.raises(ValueError, match=message):
-    fit(compute, values, n_boot=10)
+    fit(compute, values, n_boot=20)
 
 
 def test_bad_options_say_why():
@@ -161,7 +161,27 @@ def test_bad_options_say_why():
   with pytest.raises(ScalingFitError, match='level'):
     scaling.fit_sigmoid(c, r, level=95)
   with pytest.raises(ScalingFitError, match='target_compute'):
-    scaling.fit_sigmoid(c, r, target_compute=-1, n_boot=10)
+    scaling.fit_sigmoid(c, r, target_compute=-1, n_boot=20)
+  for fit in (scaling.fit_sigmoid, scaling.fit_power_law):   # 0 raised IndexError, 1 gave a
+    for n_boot in (0, 1, 19):                                # zero-width "identified" interval
+      with pytest.raises(ScalingFitError, match=f'n_boot must be an integer >= 20.*{n_boot}'):
+        fit(c, np.clip(r, 0, 0.99), n_boot=n_boot)
+
+
+def test_degenerate_runs_are_refused_and_accuracy_bands_stay_in_0_1():
+  rng = np.random.default_rng(0)
+  same = np.full(10, 1e15)   # one compute value: nothing to fit against
+  for fit in (scaling.fit_sigmoid, scaling.fit_power_law):
+    with pytest.raises(ScalingFitError, match='compute is constant'):
+      fit(same, np.linspace(0.1, 0.5, 10), n_boot=50)
+  c = np.geomspace(1e14, 1e16, 12)
+  falling = np.clip(0.6 - 0.25 * np.log10(c / 1e14) + rng.normal(0, 0.02, c.size), 0.01, 1)
+  with pytest.raises(ScalingFitError, match='does not rise with compute'):
+    scaling.fit_power_law(c, falling, n_boot=50)
+  fit = scaling.fit_sigmoid(c, falling, n_boot=200, target_compute=1e18)
+  assert fit.A >= 0 and fit.prediction_interval[0] >= 0, (fit.A, fit.prediction_interval)
+  lo, _ = fit.band(np.geomspace(1e14, 1e18, 20))
+  assert (lo >= 0).all()
 
 
 def test_plan_group_size_rises_then_saturates():
@@ -226,6 +246,22 @@ def test_cli_fit_computes_flops_from_the_config_when_not_logged(tmp_path, capsys
   per_step = flops.step_flops_from_config(grpo_arith.get_config(), 3.0)['total']
   assert doc['runs'][0]['points']['compute'][0] == pytest.approx(5 * per_step)
   assert 'step_flops from configs/grpo_arith.py' in doc['runs'][0]['compute_source']
+
+
+def test_cli_fit_computes_flops_from_the_runs_own_config(tmp_path, capsys):
+  """Without --config, the run's config.json (its variant and overrides), not the base
+  recipe named in the log (16x the FLOPs of a :tiny run)."""
+  write_run(tmp_path / 'run', with_flops=False)
+  tiny = grpo_arith.get_config('tiny')
+  (tmp_path / 'run' / 'config.json').write_text(json.dumps(tiny.to_dict()))
+  assert cli.main(['fit', str(tmp_path / 'run'), '--n-boot', '50']) == 0, (
+      capsys.readouterr().err)
+  doc = json.loads((tmp_path / 'run' / 'scaling' / 'scaling_fit.json').read_text())
+  per_step = flops.step_flops_from_config(tiny, 3.0)['total']
+  assert doc['runs'][0]['points']['compute'][0] == pytest.approx(5 * per_step)
+  assert doc['runs'][0]['compute_source'].endswith('config.json')
+  assert cli.main(['fit', str(tmp_path / 'run'), '--n-boot', '1']) == 2
+  assert 'at least 20 bootstrap replicates' in capsys.readouterr().err
 
 
 def test_cli_fit_reports_a_short_run_and_a_missing_dir(tmp_path, capsys):

@@ -11,10 +11,10 @@ the cumulative training FLOPs at each eval step, the base model's eval (step 0) 
 C = 0. Compute, in this order of preference:
   1. the logged `compute/flops_cumulative` train metric (the value at the eval's step);
   2. else summed per step from the recipe with rft_jax.telemetry.flops.step_flops_from_config
-     and each step's logged `response/len_mean` (max_new_tokens if not logged). The recipe is
-     `--config FILE[:ARG]`, else configs/<recipe>.py for the recipe named in the log's start
-     record (a run dir holds no config file, and `--config.x=v` overrides are not logged:
-     pass --config with a variant that matches the run if it used overrides).
+     and each step's logged `response/len_mean` (max_new_tokens if not logged). The config is
+     `--config FILE[:ARG]`, else the run's own `config.json` (the config it ran with,
+     overrides included), else configs/<recipe>.py for the recipe named in the log's start
+     record (a log without its run directory; overrides unknown).
 Every train record counts, in file order, so steps re-run after a remediation rewind are
 compute spent too. The fit is ScaleRL's sigmoid (default) and/or the power law in 1 - acc
 (rft_jax.scaling), with block-bootstrap intervals. Writes DIR/scaling_fit.json and
@@ -100,7 +100,13 @@ def load_run(run: str, metric: str | None, config_spec: str | None) -> dict[str,
   metric = pick_metric([r for r in records if r.get('kind') == 'eval'], metric)
   logged = any(_FLOPS_KEY in r for r in records if r.get('kind') == 'train')
   config, source = None, f'logged {_FLOPS_KEY}'
-  if not logged:
+  recorded = os.path.join(os.path.dirname(path), 'config.json')   # the run's own config
+  if not logged and not config_spec and os.path.isfile(recorded):
+    import ml_collections  # pylint: disable=g-import-not-at-top
+    with open(recorded, encoding='utf-8') as f:
+      config = ml_collections.ConfigDict(json.load(f))
+    source = f'step_flops from {recorded}'
+  elif not logged:
     recipe = next((r.get('config', {}).get('recipe') for r in records
                    if r.get('kind') == 'start'), None)
     spec = config_spec or (f'configs/{recipe}.py' if recipe and
@@ -299,6 +305,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = _parse_args(argv)
+  if args.command == 'fit' and args.n_boot < 20:
+    print(f'error: --n-boot={args.n_boot}: the intervals need at least 20 bootstrap replicates',
+          file=sys.stderr)
+    return 2
   try:
     return cmd_fit(args) if args.command == 'fit' else cmd_plan(args)
   except (UsageError, ValueError) as e:

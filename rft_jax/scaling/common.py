@@ -61,6 +61,13 @@ def require_points(n: int, n_params: int, what: str) -> None:
                           f'{n_params} parameters (a longer run or more frequent evals)')
 
 
+def check_n_boot(n_boot: int) -> None:
+  """A percentile interval needs replicates to take percentiles of (0 raised IndexError, 1
+  gave a zero-width interval reported as identified)."""
+  if not isinstance(n_boot, (int, np.integer)) or n_boot < 20:
+    raise ScalingFitError(f'n_boot must be an integer >= 20 bootstrap replicates, got {n_boot}')
+
+
 def require_varying(y: np.ndarray, name: str) -> None:
   if y.size and np.ptp(y) <= 1e-12:
     raise ScalingFitError(f'{name} is constant ({y[0]:g}) over all {y.size} fitted points: '

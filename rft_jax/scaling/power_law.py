@@ -90,9 +90,12 @@ def fit_power_law(compute: Any, accuracy: Any, exclude_first: float = 0.0, *,
   """Fits ln(1 - acc) = -k ln C + E to eval points with C > exclude_first * max(C), C > 0.
 
   Raises ScalingFitError for NaNs, accuracies outside [0, 1) (1 - acc must be > 0 for its log),
-  fewer than 4 fitted points, or a constant accuracy.
+  fewer than 4 fitted points, a constant accuracy or compute, n_boot < 20, or an accuracy that
+  falls with compute (k <= 0: the law describes improvement; its extrapolation would go below
+  0).
   """
   common.check_level(level)
+  common.check_n_boot(n_boot)
   if not 0 <= exclude_first < 1:
     raise common.ScalingFitError(f'exclude_first must be in [0, 1), got {exclude_first}')
   c, acc = common.as_series(compute, accuracy, 'accuracy')
@@ -107,10 +110,15 @@ def fit_power_law(compute: Any, accuracy: Any, exclude_first: float = 0.0, *,
         f'accuracy {bad:g} is outside [0, 1): the power law fits ln(1 - accuracy), so every '
         'fitted point needs an accuracy below 1 (a score that is not an accuracy: use the sigmoid)')
   common.require_varying(af, 'accuracy')
+  common.require_varying(cf, 'compute')
   x, y = np.log(cf), np.log1p(-af)
   design = np.stack([-x, np.ones_like(x)], axis=1)
   pinv = np.linalg.pinv(design)                   # [2, n]: beta = pinv @ y
   k, e = pinv @ y
+  if k <= 0:
+    raise common.ScalingFitError(
+        f'accuracy does not rise with compute over the fitted points (k = {k:.3g}): the power '
+        'law in 1 - accuracy describes improvement (the sigmoid fits a falling curve)')
   fitted = design @ np.array([k, e])
   resid = y - fitted
   rng = np.random.default_rng(seed)

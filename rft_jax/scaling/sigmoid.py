@@ -60,8 +60,10 @@ def _residual_fn(x, y, r0):
 
 
 def _bounds(x, upper):
+  """A in [0, upper] for an accuracy (upper = 1.0; a negative ceiling put bands below 0),
+  (-inf, upper] otherwise; B in _B_BOUNDS; the midpoint within 5 spans of the data."""
   span = max(x[-1] - x[0], 1.0)
-  lo = np.array([-np.inf, _B_BOUNDS[0], x[0] - 5 * span])
+  lo = np.array([0.0 if upper == 1.0 else -np.inf, _B_BOUNDS[0], x[0] - 5 * span])
   hi = np.array([np.inf if upper is None else upper, _B_BOUNDS[1], x[-1] + 5 * span])
   return lo, hi
 
@@ -255,7 +257,8 @@ def fit_sigmoid(compute: Any, reward: Any, exclude_first: float = 0.1, *,
     exclude_first: points with C <= exclude_first * max(C) are left out of the fit.
     R0: the starting performance; None = the value at the smallest compute (then resampled
       with the residuals in the bootstrap, since it is one noisy eval too).
-    upper: bound on A (1.0 for an accuracy; None for an unbounded reward).
+    upper: bound on A (1.0 for an accuracy, which also keeps A >= 0; None for an unbounded
+      reward).
     target_compute: also predict R there, with an interval.
     n_boot, block, level, seed: the residual block bootstrap (block None = chosen from
       the residuals' autocorrelation, see `common`).
@@ -263,6 +266,7 @@ def fit_sigmoid(compute: Any, reward: Any, exclude_first: float = 0.1, *,
     ScalingFitError: NaNs, mismatched or too few points (< 5 after exclusion), constant reward.
   """
   common.check_level(level)
+  common.check_n_boot(n_boot)
   if not 0 <= exclude_first < 1:
     raise common.ScalingFitError(f'exclude_first must be in [0, 1), got {exclude_first}')
   c, r = common.as_series(compute, reward, 'reward')
@@ -274,6 +278,7 @@ def fit_sigmoid(compute: Any, reward: Any, exclude_first: float = 0.1, *,
   cf, rf = c[keep], r[keep]
   common.require_points(cf.size, 3, f'sigmoid fit (excluding C <= {exclude_first:g} * max C)')
   common.require_varying(rf, 'reward')
+  common.require_varying(cf, 'compute')
   x = np.log(cf)
   (a, b, m), sse = _fit_point(x, rf, r0, upper)
   fitted = r0 + (a - r0) * _expit(b * (x - m))

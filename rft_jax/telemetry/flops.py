@@ -139,15 +139,18 @@ def step_flops_from_config(config: Any, gen_len_mean: float,
   """step_flops with the numbers read from an rft_jax RL config (ml_collections ConfigDict).
 
   use_reference follows the trainer: on when algo.kl_coef > 0 or the monitor runs in 'auto'.
-  `model_cfg` defaults to config.model's fields (ModelConfig's names).
+  `model_cfg` defaults to config.model's fields (ModelConfig's names). PPO's separate critic
+  (algo.critic='separate': a second copy of the base model) is counted as `critic`.
   """
   if model_cfg is None:
     model_cfg = ModelFields(dict(config.model))
   algo = config.get('algo', {})
+  separate_critic = algo.get('critic', 'shared') == 'separate'
   return step_flops(model_cfg, config.rollout.prompts_per_step, config.rollout.group_size,
                     config.task.max_prompt_len, gen_len_mean,
                     updates_per_batch=int(algo.get('updates_per_batch', 1)),
-                    use_reference=uses_reference(config))
+                    use_reference=uses_reference(config),
+                    critic_cfg=model_cfg if separate_critic else None)
 
 
 def uses_reference(config: Any) -> bool:
