@@ -80,7 +80,8 @@ def mesh():
 
 
 def optim(lr: float, warmup_steps: int = 10, b2: float = 0.99, weight_decay: float = 0.0):
-  """AdamW with linear warm-up, constant after; gradients clipped at global norm 1."""
+  """AdamW with linear warm-up (warmup_steps counts optimiser updates: algo.updates_per_batch
+  of them per RL step), constant after; gradients clipped at global norm 1."""
   o = ml_collections.ConfigDict()
   o.lr = lr
   o.warmup_steps = warmup_steps

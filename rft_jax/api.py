@@ -299,7 +299,8 @@ class Run:
 
   @property
   def history(self) -> list[dict[str, Any]]:
-    """One dict per optimiser step: 'step' and that step's metrics ('reward/mean', 'kl', ...)."""
+    """One dict per step (rollout batch; with algo.updates_per_batch > 1 several optimiser
+    updates, the update metrics from the last): 'step' and its metrics ('reward/mean', ...)."""
     return self._kind('train')
 
   @property

@@ -118,12 +118,21 @@ def write_summary(workdir: str, summary: dict) -> None:
   os.replace(tmp, os.path.join(workdir, 'summary.json'))
 
 
+def updates_per_step(config) -> int:
+  """Optimiser updates one step makes: an RL step's rollout batch gets algo.updates_per_batch
+  epochs of algo.minibatches updates (PPO; GRPO-family: one per epoch); SFT and DPO: 1."""
+  if 'sft' in config or 'dpo' in config or 'algo' not in config:
+    return 1
+  return int(config.algo.get('updates_per_batch', 1)) * int(config.algo.get('minibatches', 1))
+
+
 def make_summary(config, base_eval: dict, final_eval: dict, steps: int, wall_s: float) -> dict:
   """summary.json fields (documented in the README)."""
   k = config.eval.k
   return {
       'recipe': config.name,
       'steps': steps,
+      'optim_updates': steps * updates_per_step(config),
       'wall_s': round(wall_s, 1),
       'base_greedy_acc': base_eval['eval/greedy_acc'],
       f'base_mean@{k}_acc': base_eval[f'eval/mean@{k}_acc'],

@@ -152,6 +152,7 @@ def test_history_is_the_metrics_file(run, tmp_path_factory):
   assert [e['step'] for e in run.evals] == [0, STEPS]
   assert 'eval/base_greedy_acc' in run.evals[0] and 'eval/greedy_acc' in run.evals[-1]
   assert run.summary['steps'] == STEPS
+  assert run.summary['optim_updates'] == STEPS * run.config.algo.updates_per_batch
   assert run.summary['final_greedy_acc'] == run.evals[-1]['eval/greedy_acc']
   assert run.incidents == [] and run.summary['incidents'] == 0
   steps, values = run.series('loss')

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import grpo_arith
-from rft_jax import trainer
+from rft_jax import runs, trainer
 from rft_jax.telemetry.sinks import read_jsonl
 
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -229,3 +229,14 @@ def test_a_malformed_record_in_the_stream_stops_with_one_line():
   with pytest.raises(runs.TrainingError, match=r"^bad input data at step 2: record id=7: answer "
                      r"'133' is 4 tokens \(with EOS\) > answer_len=1 \(config.task.bad_records"):
     runs.next_batch(data_it, 2)
+
+
+def test_updates_per_step_counts_epochs_and_minibatches():
+  """summary.json's optim_updates = steps x updates per step (PPO: epochs x mini-batches)."""
+  from configs import dpo_arith, ppo_arith, sft_arith  # pylint: disable=g-import-not-at-top
+  assert runs.updates_per_step(tiny_config()) == tiny_config().algo.updates_per_batch
+  ppo = ppo_arith.get_config('tiny')
+  ppo.algo.updates_per_batch, ppo.algo.minibatches = 3, 2
+  assert runs.updates_per_step(ppo) == 6
+  assert runs.updates_per_step(sft_arith.get_config('tiny')) == 1
+  assert runs.updates_per_step(dpo_arith.get_config('tiny')) == 1

@@ -21,7 +21,9 @@ def rollout_metrics(rewards_b, valid_b, mask_bt, truncated_b, group_size: int) -
   """Reward and response-length statistics of one rollout batch.
 
   reward/zero_std_frac is the fraction of groups whose valid rewards are all equal (they carry no
-  GRPO learning signal). response/clip_frac is the fraction of completions cut at max_new_tokens.
+  GRPO learning signal; a group without a valid reward counts too). response/clip_frac is the
+  fraction of completions cut at max_new_tokens. Rewards are over valid samples, lengths and
+  clip_frac over all.
   """
   valid = valid_b.astype(jnp.float32)
   n_valid = jnp.maximum(valid.sum(), 1.0)
