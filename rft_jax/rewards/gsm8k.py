@@ -48,7 +48,8 @@ _LATEX_TEXT_RE = re.compile(r'\\(?:text|mathrm|textbf|mathbf)\s*\{([^{}]*)\}')
 _LATEX_NOISE_RE = re.compile(r'\\[,% ]|\\left|\\right')
 # `####` as the answer marker: a number right after it (spaces, `**`, `$` or `\(` allowed
 # between), so a Markdown heading (`#### Step 1: ...`) is not an answer.
-_HASH_ANSWER_RE = re.compile(r'####[ \t]*(?:\*\*|\\\(|\$)?[ \t]*(?=[-−]?(?:\\?\$)?[.0-9])')
+_HASH_ANSWER_RE = re.compile(
+    r'####[ \t]*(?:\n[ \t]*)?(?:[:=][ \t]*)?(?:(?:\*\*|\\\(|\$)[ \t]*)?(?=[-−]?(?:\\?\$)?[.0-9])')
 # Digits past this are not read as a number (never equal to a reference): fractions.Fraction
 # refuses strings over 4300 digits, which made the verifier raise and the sample unscored.
 _MAX_DIGITS = 1000
@@ -106,7 +107,8 @@ def _boxed_value(content: str) -> fractions.Fraction | float | None:
     num, den = (_numbers(part) for part in frac.groups()[1:])
     if len(num) == 1 and len(den) == 1 and den[0] != 0:
       value = num[0] / den[0]
-      return -value if frac.group('sign') else value
+      negative = frac.group('sign') and not content[:frac.start()].strip()   # not `1 - \frac`
+      return -value if negative else value
     return None
   found = _numbers(content)
   return found[0] if found else None
