@@ -137,7 +137,8 @@ def sample(policy: Policy, prompts: Sequence[str], *, n: int = 1, temperature: f
                        '(config.task.max_prompt_len)') from None
   cfg = samplerlib.SamplingConfig(
       max_new_tokens=max_new_tokens or completion_len(config), eos_id=c.tokenizer.eos_id,
-      stop_ids=samplerlib.extra_stop_ids(c.tokenizer), pad_id=c.tokenizer.pad_id, temperature=float(temperature), top_k=top_k, top_p=top_p)
+      stop_ids=samplerlib.extra_stop_ids(c.tokenizer), pad_id=c.tokenizer.pad_id,
+      temperature=float(temperature), top_k=top_k, top_p=top_p)
   key = ('sampler', cfg, n)
   if key not in policy._compiled:
     policy._compiled[key] = samplerlib.make_sampler(c.graphdef, c.model_cfg, cfg, group_size=n)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from rft_jax.rewards import runner as runner_lib
+from rft_jax.rewards import worker as worker_lib
 from rft_jax.rewards import verifiers
 
 # Spawned workers import test verifiers by module path and inherit sys.path from this process:
@@ -409,14 +410,14 @@ def test_a_verifier_from_a_file_loaded_by_path_runs_in_a_worker(tmp_path):
   sys.modules[spec.name] = module
   try:
     spec.loader.exec_module(module)
-    assert not runner_lib._importable_by_name(spec.name)  # pylint: disable=protected-access
+    assert not worker_lib.importable_by_name(spec.name)  # pylint: disable=protected-access
     with RewardRunner({'test_from_a_path': 1.0}, num_workers=1) as runner:
       result = runner(['abc', 'a'], ['2', '2'])
   finally:
     del sys.modules[spec.name]
   assert result.total.tolist() == [1.0, 0.0] and result.errors == {'test_from_a_path': 0}, (
       result.error_messages)
-  assert runner_lib._importable_by_name('reward_fixtures')  # pylint: disable=protected-access
+  assert worker_lib.importable_by_name('reward_fixtures')  # pylint: disable=protected-access
 
 
 def test_inline_is_a_property_of_the_name():

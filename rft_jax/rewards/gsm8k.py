@@ -8,12 +8,13 @@ r"""GSM8K verifiers: the model's final number against the reference answer.
 The final answer of a completion is the explicit one when there is one, whichever of these
 comes last in the text:
   - the number right after the last `####` that has one (the GSM8K solution format: `#### 72`;
-    spaces, `**`, `$` or `\(` may come between); a Markdown heading (`#### Step 1: ...`) is
-    not an answer marker, and neither earns `gsm8k_format` (nor does `#### The answer is 72`);
+    spaces, one line break, `:` or `=`, and `**`, `$` or `\(` may come between); a Markdown
+    heading (`#### Step 1: ...`) is not an answer marker and earns no `gsm8k_format` (nor does
+    `#### The answer is 72`: its answer is then the last number of the text);
   - the last `\boxed{...}` (braces balanced): a `\frac{a}{b}` / `\dfrac{a}{b}` / `\tfrac{a}{b}`
     inside it (a `-` before it negates it) is the number a/b, otherwise the first number
-    inside it; `\text{72}`, `\textbf{}`, `\mathrm{}`, `\mathbf{}` are read as their content. When the marker holds no number (`\boxed{x}`), or there is no
-marker, the answer is the last number anywhere in the text. Text after an explicit answer
+    inside it; `\text{72}`, `\textbf{}`, `\mathrm{}`, `\mathbf{}` are read as their content.
+When the marker holds no number (`\boxed{x}`), or there is no marker, the answer is the last number anywhere in the text. Text after an explicit answer
 ("#### 72\n\nHope this helps, 3 more?") does not change it.
 
 A number is normalised before comparison: thousands commas go (`1,234`; only groups of three

@@ -36,67 +36,23 @@ import atexit
 import dataclasses
 import multiprocessing
 import multiprocessing.connection
-import pickle
-import resource
-import signal
 import sys
 import threading
 import time
 import weakref
 from typing import Mapping, Sequence
 
-import cloudpickle
 import numpy as np
 
 from rft_jax.rewards import verifiers
 from rft_jax.rewards.result import RewardResult
 from rft_jax.rewards.scoring import ERROR, OK, TIMEOUT, score_chunk, truncate
+from rft_jax.rewards.worker import READY, pickle_for_workers, worker_main
 
 # Names that would collide with the runner's own metric groups.
 _RESERVED_NAMES = frozenset({'total', 'errors', 'timeouts', 'invalid_frac', 'stuck_chunks'})
 
 _STARTUP_TIMEOUT_S = 120.0
-_READY = 'ready'
-
-
-def _init_worker(memory_mb: int = 0):
-  # Ctrl-C, and SIGTERM from `timeout`, SLURM's scancel or systemd, go to the whole process
-  # group: the parent decides what happens to the workers. It finishes the step (which needs
-  # them), checkpoints and ends them; were they to die first, the step would read as a reward
-  # failure. A worker whose parent is gone reads EOF on its pipe and exits.
-  for sig in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(sig, signal.SIG_IGN)
-  if memory_mb:   # address space the verifiers may add on top of the worker's own
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    soft = _address_space_bytes() + memory_mb * 2**20
-    resource.setrlimit(resource.RLIMIT_AS, (soft if hard == resource.RLIM_INFINITY
-                                            else min(soft, hard), hard))
-
-
-def _address_space_bytes() -> int:
-  """This process's current virtual memory size (VmSize), in bytes."""
-  with open('/proc/self/status') as f:
-    for line in f:
-      if line.startswith('VmSize:'):
-        return int(line.split()[1]) * 1024
-  return 0
-
-
-def _worker_main(conn, fn_blobs: list[tuple[str, bytes]], memory_mb: int) -> None:
-  """A worker process: scores the chunks its pipe brings until None or the parent goes away.
-  fn_blobs: [(name, cloudpickle of the verifier)], loaded (importing the verifiers' modules)
-  before the memory limit, which is on what the verifiers allocate beyond that."""
-  fns = [(name, pickle.loads(blob)) for name, blob in fn_blobs]
-  _init_worker(memory_mb)
-  conn.send(_READY)
-  while True:
-    try:
-      task = conn.recv()
-    except (EOFError, OSError):   # The parent is gone.
-      return
-    if task is None:
-      return
-    conn.send(score_chunk(fns, *task))
 
 
 def _close_workers(workers: list) -> None:
@@ -137,33 +93,6 @@ class _Worker:
     self.process.kill()
     self.process.join(timeout=5.0)
     self.conn.close()
-
-
-def _importable_by_name(module_name: str) -> bool:
-  """Whether a fresh process could import `module_name`: its top-level package is found by
-  the import system's finders (sys.path, an editable install's finder), not only present in
-  this process's sys.modules."""
-  top = module_name.partition('.')[0]
-  for finder in sys.meta_path:   # classes (PathFinder) and instances
-    find_spec = getattr(finder, 'find_spec', None)
-    try:
-      if find_spec is not None and find_spec(top, None) is not None:
-        return True
-    except Exception:  # pylint: disable=broad-exception-caught  (a finder's own failure)
-      continue
-  return False
-
-
-def _pickle_for_workers(fn) -> bytes:
-  """cloudpickle of a verifier for the workers: by module and name where a worker can import
-  the module, by value where it cannot. A recipe file loaded from its path (absl names its
-  module `config_config`) is in this process's sys.modules only; its verifiers went by name,
-  and every worker died at start-up (ModuleNotFoundError)."""
-  module = sys.modules.get(getattr(fn, '__module__', None) or '')
-  if module is not None and module.__name__ != '__main__' and not _importable_by_name(
-      module.__name__):
-    cloudpickle.register_pickle_by_value(module)
-  return cloudpickle.dumps(fn)
 
 
 def _start_hint() -> str:
@@ -232,7 +161,7 @@ class RewardRunner:
       self._fn_blobs = []   # [(name, cloudpickle of the verifier)], what each worker gets
       for name, fn in (self._fns[v] for v in self._isolated_v):
         try:
-          self._fn_blobs.append((name, _pickle_for_workers(fn)))
+          self._fn_blobs.append((name, pickle_for_workers(fn)))
         except Exception as e:  # pylint: disable=broad-exception-caught
           raise ValueError(
               f'verifier {name!r} cannot be sent to worker processes ({type(e).__name__}: '
@@ -258,7 +187,7 @@ class RewardRunner:
     ctx = multiprocessing.get_context('spawn')   # The parent runs JAX threads: no fork.
     for k in missing:
       parent_conn, child_conn = ctx.Pipe()
-      process = ctx.Process(target=_worker_main, name=f'reward-worker-{k}',
+      process = ctx.Process(target=worker_main, name=f'reward-worker-{k}',
                             args=(child_conn, self._fn_blobs, self.memory_mb))
       process.start()
       child_conn.close()   # Only the child holds its end now: its death reads as EOF here.
@@ -271,7 +200,7 @@ class RewardRunner:
       try:
         if not worker.conn.poll(_STARTUP_TIMEOUT_S):
           raise TimeoutError(f'no answer in {_STARTUP_TIMEOUT_S:.0f} s')
-        if worker.conn.recv() != _READY:
+        if worker.conn.recv() != READY:
           raise RuntimeError('unexpected first message')
       except (EOFError, OSError, TimeoutError, RuntimeError) as e:
         worker.process.join(timeout=1.0)
