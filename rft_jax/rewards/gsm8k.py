@@ -14,8 +14,9 @@ comes last in the text:
   - the last `\boxed{...}` (braces balanced): a `\frac{a}{b}` / `\dfrac{a}{b}` / `\tfrac{a}{b}`
     inside it (a `-` before it negates it) is the number a/b, otherwise the first number
     inside it; `\text{72}`, `\textbf{}`, `\mathrm{}`, `\mathbf{}` are read as their content.
-When the marker holds no number (`\boxed{x}`), or there is no marker, the answer is the last number anywhere in the text. Text after an explicit answer
-("#### 72\n\nHope this helps, 3 more?") does not change it.
+When the marker holds no number (`\boxed{x}`), or there is no marker, the answer is the last
+number anywhere in the text. Text after an explicit answer ("#### 72\n\nHope this helps, 3
+more?") does not change it.
 
 A number is normalised before comparison: thousands commas go (`1,234`; only groups of three
 digits, so `3,4` is two numbers; LaTeX's `1\,000`, `1{,}000` and `1\ 000` are thousands

@@ -48,8 +48,8 @@ class Rollout:
 
   tokens_bt: sampled ids, pad after EOS (eos_id or one of stop_ids). logp_bt: log-prob of each
   sampled token under the distribution actually sampled from (after temperature, top-k, top-p;
-  for greedy, the untempered model distribution); 0 where mask is 0. mask_bt: 1 on generated tokens up to and including EOS.
-  truncated_b: True where no EOS came within T tokens.
+  for greedy, the untempered model distribution); 0 where mask is 0. mask_bt: 1 on generated
+  tokens up to and including EOS. truncated_b: True where no EOS came within T tokens.
   """
   prompt_tokens_bp: jax.Array
   prompt_mask_bp: jax.Array
