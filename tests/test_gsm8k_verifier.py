@@ -71,6 +71,22 @@ CASES = [
     ('\\boxed{-\\$3}', '3', 0.0, 1.0),
     ('\\boxed{-\\frac{1}{2}}', '-0.5', 1.0, 1.0),               # and before \frac
     ('\\boxed{-\\frac{1}{2}}', '0.5', 0.0, 1.0),
+    # A calculation after the marker: its result (after the last `=`), unless the left side
+    # is the lone answer.
+    ('#### 48+24=72', '72', 1.0, 1.0),
+    ('#### 48 + 24 = 72 clips', '48', 0.0, 1.0),
+    ('#### $18 \\times 2 = \\$36', '36', 1.0, 1.0),
+    ('#### 1,000 + 200 = 1,200', '1200', 1.0, 1.0),
+    ('#### 5 = 2+3', '5', 1.0, 1.0),
+    ('#### 72\n5 = 3 + 2', '72', 1.0, 1.0),                   # only the marker's own line
+    # Mixed numbers in a box; a spaced minus that starts the answer is its sign.
+    ('\\boxed{2\\frac{1}{2}}', '2.5', 1.0, 1.0),
+    ('\\boxed{2 \\frac{1}{2}}', '0.5', 0.0, 1.0),
+    ('\\boxed{-2\\frac{1}{2}}', '-2.5', 1.0, 1.0),
+    ('\\boxed{x = \\frac{1}{2}}', '0.5', 1.0, 1.0),          # not a mixed number
+    ('#### - 5', '-5', 1.0, 1.0),
+    ('\\boxed{- 5}', '-5', 1.0, 1.0),
+    ('She had 10 - 5', '5', 1.0, 0.0),                          # running text: subtraction
     # A number too long for fractions.Fraction (> 4300 digits) is a wrong answer, not an error.
     ('#### ' + '1' * 4301, '72', 0.0, 1.0),
     ('#### 72 ' + '1' * 4301, '72', 1.0, 1.0),

@@ -8,12 +8,17 @@ r"""GSM8K verifiers: the model's final number against the reference answer.
 The final answer of a completion is the explicit one when there is one, whichever of these
 comes last in the text:
   - the number right after the last `####` that has one (the GSM8K solution format: `#### 72`;
-    spaces, one line break, `:` or `=`, and `**`, `$` or `\(` may come between); a Markdown
+    spaces, one line break, `:` or `=`, and `**`, `$` or `\(` may come between); when that
+    line is a calculation (`#### 48+24=72`) the number after its last `=`; a Markdown
     heading (`#### Step 1: ...`) is not an answer marker and earns no `gsm8k_format` (nor does
     `#### The answer is 72`: its answer is then the last number of the text);
   - the last `\boxed{...}` (braces balanced): a `\frac{a}{b}` / `\dfrac{a}{b}` / `\tfrac{a}{b}`
-    inside it (a `-` before it negates it) is the number a/b, otherwise the first number
-    inside it; `\text{72}`, `\textbf{}`, `\mathrm{}`, `\mathbf{}` are read as their content.
+    inside it (a `-` before it negates it) is the number a/b, a whole number right before it
+    makes a mixed number (`2\frac{1}{2}` is 5/2, `-2\frac{1}{2}` is -5/2), otherwise the first
+    number inside it; `\text{72}`, `\textbf{}`, `\mathrm{}`, `\mathbf{}` are read as their
+    content.
+  A minus that starts the answer is its sign even with spaces after it (`#### - 5`,
+  `\boxed{- 5}` are -5); in running text `10 - 5` stays a subtraction (last number 5).
 When the marker holds no number (`\boxed{x}`), or there is no marker, the answer is the last
 number anywhere in the text. Text after an explicit answer ("#### 72\n\nHope this helps, 3
 more?") does not change it.
@@ -51,7 +56,12 @@ _LATEX_NOISE_RE = re.compile(r'\\[,% ]|\\left|\\right')
 # `####` as the answer marker: a number right after it (spaces, `**`, `$` or `\(` allowed
 # between), so a Markdown heading (`#### Step 1: ...`) is not an answer.
 _HASH_ANSWER_RE = re.compile(
-    r'####[ \t]*(?:\n[ \t]*)?(?:[:=][ \t]*)?(?:(?:\*\*|\\\(|\$)[ \t]*)?(?=[-−]?(?:\\?\$)?[.0-9])')
+    r'####[ \t]*(?:\n[ \t]*)?(?:[:=][ \t]*)?(?:(?:\*\*|\\\(|\$)[ \t]*)?'
+    r'(?=(?:[-−][ \t]*)?(?:\\?\$)?[.0-9])')
+# A minus that starts an answer, spaces before the number: `- 5` (after `####`, in \boxed{}).
+_LEADING_MINUS_RE = re.compile(r'\s*[-−]\s+(?=\$?[.0-9])')
+# A whole number (optional sign and $) and nothing else: the whole part of a mixed number.
+_WHOLE_RE = re.compile(r'\s*(?:(?P<sign>[-−])\s*)?\$?(?P<digits>[0-9]+)\s*')
 # Digits past this are not read as a number (never equal to a reference): fractions.Fraction
 # refuses strings over 4300 digits, which made the verifier raise and the sample unscored.
 _MAX_DIGITS = 1000
@@ -103,17 +113,30 @@ def _last_boxed(text: str) -> str | None:
   return None
 
 
+def _first_value(text: str) -> fractions.Fraction | float | None:
+  """The first number of an answer's text; a minus that starts the text negates it also when
+  spaces follow it (`- 5` is -5)."""
+  found = _numbers(text)
+  if not found:
+    return None
+  return -found[0] if _LEADING_MINUS_RE.match(_normalise(text)) else found[0]
+
+
 def _boxed_value(content: str) -> fractions.Fraction | float | None:
   frac = _FRAC_RE.search(content)
   if frac:
     num, den = (_numbers(part) for part in frac.groups()[1:])
     if len(num) == 1 and len(den) == 1 and den[0] != 0:
       value = num[0] / den[0]
-      negative = frac.group('sign') and not content[:frac.start()].strip()   # not `1 - \frac`
+      before = content[:frac.start()]
+      whole = _WHOLE_RE.fullmatch(_normalise(before))
+      if whole and not frac.group('sign'):   # a mixed number: 2\frac{1}{2} = 2 + 1/2
+        value = _to_fraction('', whole.group('digits')) + value
+        return -value if whole.group('sign') else value
+      negative = frac.group('sign') and not before.strip()   # not `1 - \frac`
       return -value if negative else value
     return None
-  found = _numbers(content)
-  return found[0] if found else None
+  return _first_value(content)
 
 
 def _last_hash(text: str):
@@ -125,12 +148,19 @@ def _last_hash(text: str):
 
 
 def _hash_value(text: str) -> fractions.Fraction | float | None:
-  """The first number after the last `####` answer marker, or None."""
+  """The first number after the last `####` answer marker, or None; when the marker's line is
+  an equation whose left side has several numbers (`#### 48+24=72`), the first number after
+  its last `=` (`#### 5 = 2+3` stays 5)."""
   marker = _last_hash(text)
   if marker is None:
     return None
-  found = _numbers(text[marker.end():])
-  return found[0] if found else None
+  after = text[marker.end():]
+  line = after.split('\n', 1)[0]
+  if '=' in line and len(_numbers(line.split('=', 1)[0])) > 1:
+    result = _first_value(line.rsplit('=', 1)[1])
+    if result is not None:
+      return result
+  return _first_value(after)
 
 
 def extract_answer(completion: str) -> fractions.Fraction | float | None:
