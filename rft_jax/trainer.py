@@ -283,6 +283,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
             data_it.set_state(data_state)
             ckpt.delete_after(max(good))   # checkpoints of the faulty trajectory
             meta['last_eval'] = restored_meta.get('last_eval')
+            hooks.on_rewind(max(good))   # TensorBoard hides the abandoned steps
             hooks.on_message(f'remediation: restored the checkpoint of step {max(good)} '
                              f'(before onset at step {decision.restore_before})')
             step = max(good)

@@ -5,6 +5,8 @@ import os
 import pytest
 
 from rft_jax import trainer
+from rft_jax.telemetry.hooks import Hook
+from test_telemetry_output import _events, _visible_scalars
 from test_trainer import tiny_config
 
 ONSET = 18
@@ -54,8 +56,19 @@ def test_halt_mode_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   assert steps and max(steps) < first      # nothing saved from the faulty steps after detection
 
 
+class Rewinds(Hook):
+
+  def __init__(self):
+    self.steps = []
+
+  def on_rewind(self, step):
+    self.steps.append(step)
+
+
 def test_auto_mode_restores_before_onset_and_lowers_the_lr(tmp_path):
-  summary = trainer.run(faulty_config('auto'), str(tmp_path))
+  rewinds, config = Rewinds(), faulty_config('auto')
+  config.telemetry.tensorboard = True
+  summary = trainer.run(config, str(tmp_path), hooks_extra=(rewinds,))
   actions = [e for e in incidents(str(tmp_path)) if e['kind'] == 'action']
   assert actions, 'auto mode took no action'
   act = actions[0]
@@ -64,7 +77,14 @@ def test_auto_mode_restores_before_onset_and_lowers_the_lr(tmp_path):
   with open(os.path.join(str(tmp_path), 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f]
   messages = [r['text'] for r in rows if r['kind'] == 'message']
-  assert any('restored the checkpoint of step' in m for m in messages)
+  restored = [int(m.split('restored the checkpoint of step ')[1].split()[0])
+              for m in messages if 'restored the checkpoint of step' in m]
+  assert restored and rewinds.steps == restored   # each rewind told to the hooks (TensorBoard)
   train_steps = [r['step'] for r in rows if r['kind'] == 'train']
   assert train_steps != sorted(train_steps)   # the run rewound and replayed steps
+  # TensorBoard shows each step once, the redone steps with the redo's values.
+  shown = _visible_scalars(_events(str(tmp_path / 'tb')))['reward/mean']
+  last = {r['step']: r['reward/mean'] for r in rows if r['kind'] == 'train'}
+  assert [s for s, _ in shown] == sorted(last)
+  assert [v for _, v in shown] == pytest.approx([last[s] for s in sorted(last)], rel=1e-6)
   assert summary['steps'] == 30 and 'final_greedy_acc' in summary

@@ -10,6 +10,7 @@ Call order for one run::
   on_step(step, metrics)                         # after every optimiser step
   on_eval(step, results)                         # whenever evaluation runs
   on_message(text)                               # any time: notices, warnings
+  on_rewind(step)                                # a remediation restored step's checkpoint
   on_end(summary)                                # once, if the run finishes
   close()                                        # always (also after a crash)
 
@@ -54,6 +55,13 @@ class Hook:
     incidents, 'fault_class', 'severity', 'onset_step', 'score' and 'evidence'.
     """
 
+  def on_rewind(self, step: int) -> None:
+    """Called when remediation (monitor.mode='auto') restored the checkpoint of `step`.
+
+    The steps after `step` already reported belong to an abandoned trajectory; they are run
+    again, and their `on_step` / `on_eval` calls come a second time with new values.
+    """
+
   def on_end(self, summary: Mapping[str, Any]) -> None:
     """Called once when the run finishes, with a flat summary dict."""
 
@@ -96,6 +104,10 @@ class HookList(Hook):
   def on_incident(self, step, incident):
     for hook in self.hooks:
       hook.on_incident(step, incident)
+
+  def on_rewind(self, step):
+    for hook in self.hooks:
+      hook.on_rewind(step)
 
   def on_end(self, summary):
     for hook in self.hooks:

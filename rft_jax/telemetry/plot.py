@@ -264,14 +264,39 @@ def plot_records(train: Sequence[Mapping[str, Any]], png_path: str | os.PathLike
   fig.savefig(png_path, dpi=110, format='png')
 
 
+def final_trajectory(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+  """The train and eval records of the run's final trajectory, in step order.
+
+  After an `auto` remediation restores a checkpoint, metrics.jsonl holds the abandoned steps
+  and then the same steps again: a train record whose step is not past the last train step
+  starts a redo, and what was logged before it for that step or a later one is dropped. So
+  of several records of one step the last is kept, and abandoned steps the redo has not
+  reached yet are dropped too. Other kinds of records (incidents, actions) are not returned.
+  """
+  kept: list[Mapping[str, Any]] = []
+  last_train = -math.inf
+  for record in records:
+    kind, step = record.get('kind'), record.get('step', 0)
+    if kind not in ('train', 'eval'):
+      continue
+    if kind == 'train':
+      if step <= last_train:
+        kept = [r for r in kept if r.get('step', 0) < step]
+      last_train = step
+    kept.append(record)
+  return sorted(kept, key=lambda r: r.get('step', 0))   # stable: eval after train of a step
+
+
 def plot_run(jsonl_path: str | os.PathLike, png_path: str | os.PathLike,
              title: str = '', incidents: Sequence[Mapping[str, Any]] = (),
              remediations: Sequence[Mapping[str, Any]] = ()) -> None:
   """Renders the 2x3 summary grid of a run's metrics.jsonl to `png_path`.
 
-  Records of kind 'incident' and of kind 'action' (remediation actions; 'remediation' is
-  accepted too) in the JSONL, as the trainer writes them, are marked on the train panels
-  together with any passed in `incidents` / `remediations` (see `plot_records`).
+  Train and eval records are those of the final trajectory (`final_trajectory`: steps
+  abandoned by a remediation rewind are left out). Records of kind 'incident' and of kind
+  'action' (remediation actions; 'remediation' is accepted too) in the JSONL, as the trainer
+  writes them, all of them, are marked on the train panels together with any passed in
+  `incidents` / `remediations` (see `plot_records`).
 
   Args:
     jsonl_path: a file written by `JsonlSink`.
@@ -283,8 +308,9 @@ def plot_run(jsonl_path: str | os.PathLike, png_path: str | os.PathLike,
   records = read_jsonl(jsonl_path)
   if not title:
     title = os.path.basename(os.path.dirname(os.path.abspath(jsonl_path)))
+  final = final_trajectory(records)
   plot_records(
-      [r for r in records if r.get('kind') == 'train'], png_path, title=title,
-      evals=[r for r in records if r.get('kind') == 'eval'],
+      [r for r in final if r.get('kind') == 'train'], png_path, title=title,
+      evals=[r for r in final if r.get('kind') == 'eval'],
       incidents=[r for r in records if r.get('kind') == 'incident'] + list(incidents),
       remediations=[r for r in records if r.get('kind') in _ACTION_KINDS] + list(remediations))

@@ -226,7 +226,8 @@ class TensorBoardSink(Hook):
 
   Messages, the config summary and the end summary go to the TEXT tab. With
   `resume_step > 0`, TensorBoard hides events an earlier run wrote after
-  that step (tensorboardX `purge_step`).
+  that step (tensorboardX `purge_step`); after a remediation rewind (`on_rewind`)
+  it hides those of the abandoned steps the same way.
   """
 
   def __init__(self, logdir: str | os.PathLike, resume_step: int = 0,
@@ -267,6 +268,14 @@ class TensorBoardSink(Hook):
 
   def on_incident(self, step, incident):
     self._writer.add_text('incidents', describe_incident(step, incident), step)
+
+  def on_rewind(self, step):
+    """A SessionLog START at step + 1, as tensorboardX writes for `purge_step`: TensorBoard
+    then drops the events logged before it with a step after `step` (the abandoned ones)."""
+    from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+    self._step = step
+    self._writer.file_writer.add_event(event_pb2.Event(
+        step=step + 1, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
 
   def on_end(self, summary):
     lines = '\n'.join(f'- {k}: {format_summary_value(str(k), v)}'
