@@ -8,7 +8,7 @@ from tensorboardX.proto import event_pb2
 from rft_jax.telemetry import hooks as hooks_lib
 from rft_jax.telemetry import plot as plot_lib
 from rft_jax.telemetry import sinks
-from test_telemetry import _read_tfrecords
+from test_telemetry import REPO, _read_tfrecords
 
 
 def _events(logdir):
@@ -113,3 +113,26 @@ def test_plot_run_draws_the_final_trajectory(tmp_path, monkeypatch):
   assert [(r['step'], r['reward/mean']) for r in drawn['train']] == (
       [(s, 1.0) for s in range(1, 6)] + [(s, 2.0) for s in range(6, 13)])
   assert [i['step'] for i in drawn['incidents']] == [10]   # what caused the rewind stays marked
+
+
+# ----------------------------------------------------------------------------
+# TensorBoard tags.
+
+
+def test_tensorboard_tag_of_mean_at_k_is_the_one_the_readme_names(tmp_path, caplog):
+  """'@' cannot be in a TensorBoard tag: the sink writes the tag the README documents, so
+  tensorboardX renames nothing (and logs nothing)."""
+  logdir = str(tmp_path / 'tb')
+  sink = sinks.TensorBoardSink(logdir)
+  with caplog.at_level('INFO', logger='tensorboardX'):
+    sink.on_eval(0, {'eval/base_mean@8_acc': 0.25})
+    sink.on_eval(3, {'eval/greedy_acc': 0.75, 'eval/mean@8_acc': 0.5})
+    sink.close()
+  assert not [r for r in caplog.records if 'illegal' in r.getMessage()], caplog.text
+  tags = {v.tag: (e.step, v.simple_value) for e in _events(logdir) for v in e.summary.value}
+  assert tags == {'eval/base_mean_at_8_acc': (0, 0.25), 'eval/greedy_acc': (3, 0.75),
+                  'eval/mean_at_8_acc': (3, 0.5)}
+  with open(os.path.join(REPO, 'README.md'), encoding='utf-8') as f:
+    row = [l for l in f if l.startswith('| `eval/greedy_acc`, `eval/mean@<k>_acc`')]
+  assert len(row) == 1 and '`eval/mean_at_<k>_acc`' in row[0], row
+  assert sinks.tensorboard_tag('/a b@c') == 'a_b_at_c'

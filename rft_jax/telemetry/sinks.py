@@ -24,6 +24,7 @@ import logging
 import math
 import numbers
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,6 +37,7 @@ _NONFINITE_TO_JSON = {'nan': 'NaN', 'inf': 'Infinity', '-inf': '-Infinity'}
 _JSON_TO_NONFINITE = {'NaN': math.nan, 'Infinity': math.inf,
                       '-Infinity': -math.inf}
 _TEXT_FIELDS = ('kind', 'text')  # string fields never decoded as numbers
+_TB_TAG_INVALID = re.compile(r'[^-/\w.]')   # what a TensorBoard tag cannot hold (tensorboardX)
 
 
 # ----------------------------------------------------------------------------
@@ -221,8 +223,16 @@ def _summary_writer_class():
   return importlib.import_module('tensorboardX').SummaryWriter
 
 
+def tensorboard_tag(name: str) -> str:
+  """The TensorBoard tag of a metric name. A tag holds letters, digits and '_-./' only: '@'
+  becomes '_at_' ('eval/mean@8_acc' -> 'eval/mean_at_8_acc'), any other such character '_', and
+  leading '/' are dropped (tensorboardX would turn '@' into '_' itself, logging each tag)."""
+  return _TB_TAG_INVALID.sub('_', name.replace('@', '_at_')).lstrip('/')
+
+
 class TensorBoardSink(Hook):
-  """Writes every numeric metric as a TensorBoard scalar under its own name.
+  """Writes every numeric metric as a TensorBoard scalar under its own name (`tensorboard_tag`:
+  'eval/mean@8_acc' is 'eval/mean_at_8_acc').
 
   Messages, the config summary and the end summary go to the TEXT tab. With
   `resume_step > 0`, TensorBoard hides events an earlier run wrote after
@@ -248,7 +258,7 @@ class TensorBoardSink(Hook):
   def _scalars(self, step: int, values: Mapping[str, Any]) -> None:
     for name, value in values.items():
       if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        self._writer.add_scalar(name, float(value), step)
+        self._writer.add_scalar(tensorboard_tag(name), float(value), step)
 
   def on_start(self, step, total_steps, config_summary):
     self._step = step
