@@ -1,8 +1,12 @@
 """Telemetry output as a reader sees it: TensorBoard and run.png after a remediation rewind."""
 
 import glob
+import io
 import os
+import subprocess
+import sys
 
+from rich.console import Console
 from tensorboardX.proto import event_pb2
 
 from rft_jax.telemetry import hooks as hooks_lib
@@ -136,3 +140,58 @@ def test_tensorboard_tag_of_mean_at_k_is_the_one_the_readme_names(tmp_path, capl
     row = [l for l in f if l.startswith('| `eval/greedy_acc`, `eval/mean@<k>_acc`')]
   assert len(row) == 1 and '`eval/mean_at_<k>_acc`' in row[0], row
   assert sinks.tensorboard_tag('/a b@c') == 'a_b_at_c'
+
+
+# ----------------------------------------------------------------------------
+# Console.
+
+
+def _long_lines():
+  """A message, config summary, metric values and an incident, each well over 80 columns."""
+  message = ' '.join(f'word{i}' for i in range(30))
+  config = {'recipe': 'grpo_arith', 'workdir': '/runs/' + 'a_long_directory_name/' * 4}
+  incident = {'kind': 'incident', 'fault_class': 'gradient_explosion', 'severity': 'critical',
+              'onset_step': 3, 'score': 9.5, 'remediation': 'restore_and_lower_lr',
+              'evidence': [{'signal': 'grad_norm', 'direction': 'up', 'score': 9.5}]}
+  return message, config, incident
+
+
+def test_console_does_not_wrap_lines_when_not_a_terminal():
+  """rich wraps at the console width, 80 columns where the output is a pipe or a file."""
+  buf = io.StringIO()
+  console = Console(file=buf, width=80)
+  assert not console.is_terminal
+  message, config, incident = _long_lines()
+  sink = sinks.ConsoleSink(console=console, keys=[(f'metric/{i}', f'label_{i}') for i in range(8)])
+  sink.on_start(0, 2, config)
+  sink.on_step(1, {f'metric/{i}': 0.125 * i for i in range(8)})
+  sink.on_message(message)
+  sink.on_eval(2, {f'eval/mean@{k}_acc': 0.5 for k in range(1, 9)})
+  sink.on_incident(2, incident)
+  lines = buf.getvalue().splitlines()
+  assert '  '.join(f'{k}={v}' for k, v in config.items()) in lines
+  step_line = [l for l in lines if l.startswith('step 1/2')]
+  assert len(step_line) == 1 and 'label_7 0.875  (' in step_line[0], lines
+  assert message in lines
+  assert 'eval @ step 2:  ' + '  '.join(f'mean@{k}_acc 50.0%' for k in range(1, 9)) in lines
+  assert sinks.describe_incident(2, incident) in lines
+  assert max(len(l) for l in lines) > 150
+
+
+def test_console_does_not_wrap_lines_piped_to_another_process(tmp_path):
+  """The default console (stdout) of `make run | cat`: a long message is one line."""
+  message, config, incident = _long_lines()
+  code = f"""
+from rft_jax.telemetry import sinks
+sink = sinks.ConsoleSink()
+sink.on_start(0, 2, {config!r})
+sink.on_message({message!r})
+sink.on_incident(1, {incident!r})
+"""
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('COLUMNS', 'FORCE_COLOR', 'TTY_COMPATIBLE', 'TTY_INTERACTIVE')}
+  out = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True,
+                       env=dict(env, PYTHONPATH=REPO), timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.splitlines() == ['  '.join(f'{k}={v}' for k, v in config.items()), message,
+                                     sinks.describe_incident(1, incident)]

@@ -63,6 +63,8 @@ class ConsoleSink(Hook):
 
   Eval results and messages are printed above the bar; `on_end` prints a
   summary table. Missing metric keys are skipped and NaN prints as 'nan'.
+  Where the output is not a terminal (a pipe, a file, CI logs) a line is never
+  wrapped: rich would wrap it at 80 columns there.
   """
 
   def __init__(self, keys: Sequence[tuple[str, str]] = DEFAULT_CONSOLE_KEYS,
@@ -76,6 +78,7 @@ class ConsoleSink(Hook):
     self.console = console if console is not None else Console()
     self.total_steps = total_steps
     self._live = live_display(self.console)
+    self._soft_wrap = not (self.console.is_terminal or self.console.is_jupyter)
     self._progress: Progress | None = None
     self._task = None
     self._started = False
@@ -91,8 +94,7 @@ class ConsoleSink(Hook):
     self._start_step = self._last_step = step
     self._started = True
     if config_summary:
-      text = '  '.join(f'{k}={v}' for k, v in config_summary.items())
-      self.console.print(text, markup=False, highlight=False)
+      self._print('  '.join(f'{k}={v}' for k, v in config_summary.items()))
     if self._live:
       self._progress = Progress(
           SpinnerColumn(), TextColumn('[bold]train'), BarColumn(),
@@ -126,21 +128,24 @@ class ConsoleSink(Hook):
         or step == self._start_step + 1):
       self._print_step_line(step)
 
+  def _print(self, text: str) -> None:
+    """Prints `text` as it is: no markup, no highlighting, unwrapped unless on a terminal."""
+    self.console.print(text, markup=False, highlight=False, soft_wrap=self._soft_wrap)
+
   def _print_step_line(self, step: int) -> None:
-    self.console.print(self._step_line(step), markup=False, highlight=False)
+    self._print(self._step_line(step))
     self._last_printed = step
 
   def on_eval(self, step, results):
     parts = [f'{key.removeprefix("eval/")} {format_summary_value(key, value)}'
              for key, value in results.items()]
-    self.console.print(f'eval @ step {step}:  ' + '  '.join(parts),
-                       markup=False, highlight=False)
+    self._print(f'eval @ step {step}:  ' + '  '.join(parts))
 
   def on_message(self, text):
-    self.console.print(text, markup=False, highlight=False)
+    self._print(str(text))
 
   def on_incident(self, step, incident):
-    self.console.print(describe_incident(step, incident), markup=False, highlight=False)
+    self._print(describe_incident(step, incident))
 
   def _stop_progress(self) -> None:
     if self._progress is not None:
