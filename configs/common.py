@@ -126,12 +126,15 @@ def monitor(mode: str = 'warn'):
 
 
 def telemetry():
-  """Console, metrics.jsonl, TensorBoard and run.png on; W&B off ('' = no project)."""
+  """Console, metrics.jsonl, TensorBoard and run.png on; W&B off ('' = no project).
+
+  run.png is drawn from metrics.jsonl at the end of the run: jsonl = False means no run.png
+  either, whatever `plot` says."""
   t = ml_collections.ConfigDict()
   t.console = True
-  t.jsonl = True
+  t.jsonl = True       # workdir/metrics.jsonl (run.png is drawn from it)
   t.tensorboard = True
-  t.plot = True
+  t.plot = True        # workdir/run.png; needs jsonl
   t.wandb_project = ''
   return t
 

@@ -342,13 +342,18 @@ def finish_complete_run(config, workdir, opened) -> dict:
 
 
 def finish_run(config, workdir, summary, hooks, ckpt, plot=True) -> dict:
-  """Writes summary.json and the plot (process 0), closes sinks and checkpointer."""
+  """Writes summary.json and the plot (process 0), closes sinks and checkpointer. run.png is
+  drawn from metrics.jsonl: with config.telemetry.jsonl off there is none (a message says so)."""
   primary = jax.process_index() == 0
   if primary:
     write_summary(workdir, summary)
-  if primary and plot and config.telemetry.plot and config.telemetry.jsonl:
-    plot_run(os.path.join(workdir, 'metrics.jsonl'), os.path.join(workdir, 'run.png'),
-             title=config.name)
+  if primary and plot and config.telemetry.plot:
+    if config.telemetry.jsonl:
+      plot_run(os.path.join(workdir, 'metrics.jsonl'), os.path.join(workdir, 'run.png'),
+               title=config.name)
+    else:
+      hooks.on_message('run.png not drawn: it is drawn from metrics.jsonl, and '
+                       'config.telemetry.jsonl is off')
   hooks.on_end(summary)
   hooks.close()
   ckpt.close()

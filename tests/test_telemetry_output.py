@@ -195,3 +195,48 @@ sink.on_incident(1, {incident!r})
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.splitlines() == ['  '.join(f'{k}={v}' for k, v in config.items()), message,
                                      sinks.describe_incident(1, incident)]
+
+
+def test_console_of_a_complete_run_prints_no_step_line():
+  """A second invocation of a finished run starts at its last step and trains nothing: the
+  console prints the message and the summary, not 'step 6/6' again."""
+  buf = io.StringIO()
+  sink = sinks.ConsoleSink(console=Console(file=buf, width=120))
+  sink.on_start(6, 6, {})
+  sink.on_message('run already complete (6/6 steps)')
+  sink.on_end({'steps': 6})
+  sink.close()
+  out = buf.getvalue()
+  assert 'run already complete' in out and 'run summary' in out
+  assert not [l for l in out.splitlines() if l.startswith('step ')], out
+  # A resumed run prints its own steps, the last one once.
+  buf = io.StringIO()
+  sink = sinks.ConsoleSink(console=Console(file=buf, width=120))
+  sink.on_start(4, 6, {})
+  for step in (5, 6):
+    sink.on_step(step, {'reward/mean': 0.5})
+  sink.on_end({'steps': 6})
+  assert [l.split('  ')[0] for l in buf.getvalue().splitlines() if l.startswith('step ')] == [
+      'step 5/6', 'step 6/6']
+
+
+def test_finish_run_without_jsonl_says_why_there_is_no_plot(tmp_path):
+  """run.png is drawn from metrics.jsonl: with telemetry.jsonl off there is none, and the run
+  says so instead of skipping it silently."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from rft_jax import api, runs  # pylint: disable=g-import-not-at-top
+
+  class Ckpt:
+    closed = False
+
+    def close(self):
+      Ckpt.closed = True
+
+  config = ml_collections.ConfigDict({'name': 'x', 'telemetry': {'plot': True, 'jsonl': False}})
+  recorder = api.Recorder()
+  runs.finish_run(config, str(tmp_path), {'steps': 1}, recorder, Ckpt())
+  assert not os.path.exists(tmp_path / 'run.png') and Ckpt.closed
+  assert (tmp_path / 'summary.json').exists()
+  messages = [r['text'] for r in recorder.records if r['kind'] == 'message']
+  assert messages == ['run.png not drawn: it is drawn from metrics.jsonl, and '
+                      'config.telemetry.jsonl is off']

@@ -76,10 +76,15 @@ def test_resume_continues_exactly(tmp_path):
     assert summaries[1][k] == summaries[0][k], k
 
 
-def test_second_invocation_reports_complete(tmp_path):
+def test_second_invocation_reports_complete(tmp_path, capsys):
   config = tiny_config(**{'train.steps': 2, 'train.ckpt_every': 2})
   first = trainer.run(config, str(tmp_path))
+  capsys.readouterr()
+  config.telemetry.console = True
   second = trainer.run(config, str(tmp_path))
+  out = capsys.readouterr().out   # the console's plain lines (not a terminal)
+  assert 'already complete' in out and 'run summary' in out
+  assert not [l for l in out.splitlines() if l.startswith('step ')], out   # no step 2/2 again
   assert second == first                          # the same summary, incidents included
   assert second['steps'] == 2
   messages = read_jsonl(os.path.join(str(tmp_path), 'metrics.jsonl'), kind='message')

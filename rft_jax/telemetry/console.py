@@ -92,6 +92,7 @@ class ConsoleSink(Hook):
     self.total_steps = total_steps
     self._t0 = time.monotonic()
     self._start_step = self._last_step = step
+    self._last_printed = step   # a complete run's second invocation prints no step line
     self._started = True
     if config_summary:
       self._print('  '.join(f'{k}={v}' for k, v in config_summary.items()))
