@@ -341,20 +341,39 @@ def finish_complete_run(config, workdir, opened) -> dict:
   return finish_run(config, workdir, summary, hooks, ckpt, plot=False)
 
 
+def draw_plot(config, workdir, hooks) -> None:
+  """run.png from metrics.jsonl (process 0, config.telemetry.plot); with config.telemetry.jsonl
+  off there is none (a message says so)."""
+  if jax.process_index() != 0 or not config.telemetry.plot:
+    return
+  if config.telemetry.jsonl:
+    plot_run(os.path.join(workdir, 'metrics.jsonl'), os.path.join(workdir, 'run.png'),
+             title=config.name)
+  else:
+    hooks.on_message('run.png not drawn: it is drawn from metrics.jsonl, and '
+                     'config.telemetry.jsonl is off')
+
+
 def finish_run(config, workdir, summary, hooks, ckpt, plot=True) -> dict:
-  """Writes summary.json and the plot (process 0), closes sinks and checkpointer. run.png is
-  drawn from metrics.jsonl: with config.telemetry.jsonl off there is none (a message says so)."""
-  primary = jax.process_index() == 0
-  if primary:
+  """Writes summary.json and the plot (process 0), closes sinks and checkpointer."""
+  if jax.process_index() == 0:
     write_summary(workdir, summary)
-  if primary and plot and config.telemetry.plot:
-    if config.telemetry.jsonl:
-      plot_run(os.path.join(workdir, 'metrics.jsonl'), os.path.join(workdir, 'run.png'),
-               title=config.name)
-    else:
-      hooks.on_message('run.png not drawn: it is drawn from metrics.jsonl, and '
-                       'config.telemetry.jsonl is off')
+  if plot:
+    draw_plot(config, workdir, hooks)
   hooks.on_end(summary)
   hooks.close()
   ckpt.close()
   return summary
+
+
+def close_stopped_run(config, workdir, hooks, ckpt) -> None:
+  """For a run stopped by an error (TrainingError: halted by the monitor, non-finite loss,
+  reward failure): the plot of the steps it ran, sinks flushed and closed, pending checkpoint
+  writes finished. No summary.json: the run did not finish. Problems here are reported as a
+  message, never raised over the error that stopped the run."""
+  try:
+    draw_plot(config, workdir, hooks)
+  except Exception as e:  # pylint: disable=broad-except
+    hooks.on_message(f'run.png not drawn: {type(e).__name__}: {e}')
+  hooks.close()
+  ckpt.close()

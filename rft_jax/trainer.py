@@ -316,19 +316,29 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
                              reference=reset_ref, stopping=stopping)
       if stopping and not last:
         runs.preempt(stop, step, hooks, ckpt, workdir)
+  except TrainingError:   # halted, non-finite loss, reward failure: keep what explains it
+    if mcfg is not None or live_fit.enabled:
+      write_incident_report(config, workdir, incident_log, hooks)
+    runs.close_stopped_run(config, workdir, hooks, ckpt)
+    raise
   finally:
     stop.restore()
     runner.close()
   if mcfg is not None or live_fit.enabled:
-    report = incident_log.report()
-    if incident_log.primary:
-      with open(os.path.join(workdir, 'incidents.md'), 'w') as f:
-        f.write(f'# Failure monitor report: {config.name}\n\n{report}\n')
-    hooks.on_message('failure monitor: ' + report.replace('\n', '\n  '))
+    write_incident_report(config, workdir, incident_log, hooks)
   summary = runs.make_summary(config, meta['base_eval'], meta['final_eval'], total,
                               wall_before + time.time() - t_start)
   summary['incidents'] = sum(e['kind'] == 'incident' for e in incident_log.entries)
   return runs.finish_run(config, workdir, summary, hooks, ckpt)
+
+
+def write_incident_report(config, workdir: str, incident_log, hooks) -> None:
+  """workdir/incidents.md (process 0) and the console's report of the run's incidents."""
+  report = incident_log.report()
+  if incident_log.primary:
+    with open(os.path.join(workdir, 'incidents.md'), 'w') as f:
+      f.write(f'# Failure monitor report: {config.name}\n\n{report}\n')
+  hooks.on_message('failure monitor: ' + report.replace('\n', '\n  '))
 
 
 def step_compute(config, model_cfg, metrics: dict, meta: dict) -> dict:

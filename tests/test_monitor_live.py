@@ -52,8 +52,15 @@ def test_halt_mode_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   with pytest.raises(trainer.TrainingError, match='halted at step'):
     trainer.run(faulty_config('halt'), str(tmp_path))
   steps = sorted(int(d) for d in os.listdir(tmp_path / 'checkpoints') if d.isdigit())
-  first = min(e['step'] for e in incidents(str(tmp_path)) if e['kind'] == 'incident')
+  found = [e for e in incidents(str(tmp_path)) if e['kind'] == 'incident']
+  first = min(e['step'] for e in found)
   assert steps and max(steps) < first      # nothing saved from the faulty steps after detection
+  # A halted run keeps what explains it: the monitor's report and the plot of the steps it ran
+  # (no summary.json: it did not finish).
+  with open(tmp_path / 'incidents.md') as f:
+    assert found[0]['fault_class'] in f.read()
+  assert (tmp_path / 'run.png').stat().st_size > 0
+  assert not (tmp_path / 'summary.json').exists()
 
 
 class Rewinds(Hook):

@@ -2,6 +2,7 @@
 import pytest
 
 from rft_jax.monitor.remediation import Controls, Remediator, apply_action
+from rft_jax.telemetry.console import describe_incident
 
 
 def incident(score=5.0, onset=20, severity='critical', remediation='lower_lr',
@@ -94,6 +95,23 @@ def test_escalates_while_reward_stays_below_its_pre_onset_level():
   feed_health(r, range(16, 25), 0.5)
   assert r.on_step(25, {}, 0.5) is None                 # at most max_escalations
   assert r.controls.lr_scale == pytest.approx(0.001)
+  # The console names the escalated action and which half of the verdict failed.
+  lines = [describe_incident(e['step'], e) for e in r.drain_log() if e['kind'] == 'verdict']
+  assert lines[0].endswith(
+      'verdict on lower_lr for gradient_explosion: did not help: the reward has not recovered '
+      '(score 5 -> 0, reward 0.8 -> 0.5)'), lines[0]
+  assert 'verdict on lower_lr (escalated 1x) for gradient_explosion' in lines[1], lines[1]
+
+
+def test_verdict_line_of_an_undone_action():
+  r = Remediator('auto', Controls(), watch_steps=5)
+  feed_health(r, range(10, 20), 0.8)
+  r.on_incident(incident(score=5.0, onset=20), 22)
+  feed_health(r, range(16, 25), 0.8)
+  assert r.on_step(25, {'gradient_explosion': 6.0}, 0.8).action == 'undo_lower_lr'
+  verdict = [e for e in r.drain_log() if e['kind'] == 'verdict'][0]
+  assert 'lower_lr for gradient_explosion: did not help: the score did not fall' in (
+      describe_incident(25, verdict))
 
 
 def test_state_survives_a_checkpoint_round_trip():

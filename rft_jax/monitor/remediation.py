@@ -200,7 +200,8 @@ class Remediator:
       self.log.append({'step': step, 'kind': 'verdict', 'signature': w.signature,
                        'action': w.action, 'score_at_action': w.score_at_action,
                        'score_now': now, 'health_before': w.health_before,
-                       'health_now': health_now, 'helped': fell and recovered})
+                       'health_now': health_now, 'helped': fell and recovered,
+                       'escalations': w.escalations})
       if w.action in ('skip_batch', 'warn_only'):
         continue
       if not fell:
