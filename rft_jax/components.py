@@ -33,6 +33,7 @@ class Components:
   param_shardings: Any
   train_source: Any
   test_source: Any
+  skipped_at_load: tuple[str, ...] = ()   # train records left out (task.bad_records='skip')
 
 
 def model_config(config) -> ModelConfig:
@@ -91,9 +92,10 @@ def check_setup(config) -> None:
   tokenizer = _load_tokenizer(config)
   _check_vocab(tokenizer, model_cfg)
   if config.task.name == 'gsm8k':
+    skip = config.task.get('bad_records', 'error') == 'skip'
     try:
-      for split in ('train', 'test'):
-        gsm8k.read_split(config.task.manual_dir, split)
+      gsm8k.read_split(config.task.manual_dir, 'test')
+      gsm8k.read_split(config.task.manual_dir, 'train', skipped=[] if skip else None)
     except (FileNotFoundError, ValueError) as e:
       raise SetupError(f'config.task.manual_dir: {e}') from None
     _check_chat_template(config, tokenizer)
@@ -140,11 +142,12 @@ def build(config, data: bool = True) -> Components:
   else:
     _, state = lm.create(model_cfg, config.seed)
     params = jax.device_put(nnx.to_pure_dict(state), shardings)
-  train_source, test_source = load_task(config, tokenizer) if data else (None, None)
+  skipped: list[str] = []
+  train_source, test_source = load_task(config, tokenizer, skipped) if data else (None, None)
   return Components(
       mesh=mesh, tokenizer=tokenizer, model_cfg=model_cfg, graphdef=graphdef, params=params,
       param_shardings=shardings,
-      train_source=train_source, test_source=test_source)
+      train_source=train_source, test_source=test_source, skipped_at_load=tuple(skipped))
 
 
 def check_memory(c: Components, config, algo) -> memory.MemoryEstimate:
@@ -177,9 +180,11 @@ def _load_tokenizer(config):
         f'config.{key}={path}: cannot load a tokenizer from it ({_reason(e)})') from None
 
 
-def load_task(config, tokenizer):
+def load_task(config, tokenizer, skipped: list[str] | None = None):
   """(train, test) sources of config.task. GSM8K reads config.task.manual_dir and renders its
-  questions through the tokenizer's chat template (pipeline.PromptFormat)."""
+  questions through the tokenizer's chat template (pipeline.PromptFormat); with
+  task.bad_records='skip' its malformed train lines are left out, their reasons appended to
+  `skipped`."""
   task = config.task
   if task.name == 'arith':
     try:
@@ -193,11 +198,13 @@ def load_task(config, tokenizer):
     raise SetupError(f'config.task.name={task.name!r}: unknown task; known: '
                      + ', '.join(TASK_VERIFIERS))
   try:
-    splits = [gsm8k.load_split(split, task.manual_dir, task.data_dir)
-              for split in ('train', 'test')]
+    builder, left_out = gsm8k.load_builder(task.manual_dir, task.data_dir,
+                                           skip_bad_train=task.get('bad_records') == 'skip')
   except (FileNotFoundError, ValueError) as e:   # one line naming the file (and record)
     raise SetupError(f'config.task.manual_dir: {e}') from None
-  splits = _readable(splits, task)
+  if skipped is not None:
+    skipped.extend(left_out)
+  splits = _readable([builder.as_data_source(split=s) for s in ('train', 'test')], task)
   chat = _check_chat_template(config, tokenizer)
   fmt = pipeline.PromptFormat(chat=chat, system_prompt=task.get('system_prompt', ''),
                               instruction=task.get('instruction', ''))

@@ -119,6 +119,8 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   ref_params = jax.tree.map(jnp.copy, c.params) if algo.use_reference else None
   skipped = (pipeline.BadRecords(f'{config.task.name} train split')
              if config.task.get('bad_records', 'error') == 'skip' else None)
+  for reason in c.skipped_at_load if skipped is not None else ():   # GSM8K lines left out
+    skipped.add(reason)
   # Each process reads only its rows of every prompt batch; GlobalBatches gathers them so that
   # every process holds the global batch (rft_jax/parallel/hostdata.py).
   share = components.process_share(config.rollout.prompts_per_step, 'rollout.prompts_per_step')

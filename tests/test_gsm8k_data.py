@@ -105,6 +105,28 @@ def test_malformed_record_is_one_line_error(manual_dir, tmp_path, line, reason):
   assert not os.path.exists(tmp_path / 'tfds' / 'gsm8k')   # nothing half-written
 
 
+def test_skip_leaves_out_malformed_train_lines_only(manual_dir, tmp_path):
+  """task.bad_records='skip': a malformed train line is left out and reported; one in the
+  held-out test file still stops the load; the default mode still refuses the train line once
+  a skipping load has prepared the dataset."""
+  data_dir = str(tmp_path / 'tfds')
+  write_jsonl(os.path.join(manual_dir, 'train.jsonl'), TRAIN, ['{"question": "Q?"}'])
+  skipped = []
+  plain = {'chat_template': False}
+  train, _ = components.load_task(
+      task_config(manual_dir, data_dir, bad_records='skip', **plain), tokenizer=None,
+      skipped=skipped)
+  assert len(train) == 3 and text(train[2]['answer']) == '1,234'
+  assert len(skipped) == 1 and skipped[0].endswith(
+      "train.jsonl line 4 (record 3): missing field 'answer'"), skipped
+  with pytest.raises(components.SetupError, match="line 4 \\(record 3\\): missing field"):
+    components.load_task(task_config(manual_dir, data_dir, **plain), tokenizer=None)
+  write_jsonl(os.path.join(manual_dir, 'test.jsonl'), TEST, ['{"question": "Q?"}'])
+  with pytest.raises(components.SetupError, match="test.jsonl line 2 \\(record 1\\)"):
+    components.load_task(task_config(manual_dir, data_dir, bad_records='skip', **plain),
+                         tokenizer=None)
+
+
 def task_config(manual_dir, data_dir, **task):
   config = ml_collections.ConfigDict({
       'task': {'name': 'gsm8k', 'data_dir': data_dir, 'max_prompt_len': 256,

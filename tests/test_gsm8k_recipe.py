@@ -73,6 +73,8 @@ def test_recipe_validates_and_names_missing_inputs(tmp_path):
 def test_grpo_gsm8k_on_tiny_qwen2_checkpoint(tmp_path):
   model_dir = write_tiny_qwen2(str(tmp_path / 'tiny-qwen2'))
   manual_dir = write_gsm8k(str(tmp_path / 'gsm8k'))
+  with open(os.path.join(manual_dir, 'train.jsonl'), 'a') as f:   # left out under 'skip'
+    f.write(json.dumps({'question': 'What is 2+2?'}) + '\n')
   tok = load_tokenizer(model_dir)
   # The recipe's prompt (chat template + instruction) for the longest question sets P.
   from configs import grpo_gsm8k_qwen2  # pylint: disable=g-import-not-at-top
@@ -85,7 +87,7 @@ def test_grpo_gsm8k_on_tiny_qwen2_checkpoint(tmp_path):
       '--config', f'{RECIPE}:tiny', f'--config.model.path={model_dir}',
       f'--config.task.manual_dir={manual_dir}', f'--config.task.data_dir={tmp_path / "tfds"}',
       f'--config.task.max_prompt_len={prompt_len}', '--config.train.steps=2', *overrides,
-      '--workdir', workdir)
+      '--config.task.bad_records=skip', '--workdir', workdir)
   assert result.returncode == 0, result.stderr[-3000:]
   with open(os.path.join(workdir, 'summary.json')) as f:
     summary = json.load(f)
@@ -99,6 +101,10 @@ def test_grpo_gsm8k_on_tiny_qwen2_checkpoint(tmp_path):
     assert 0.0 <= r['reward/gsm8k/mean'] <= 1.0
     assert 0.0 <= r['reward/gsm8k_format/mean'] <= 1.0
     assert r['reward/invalid_frac'] == 0.0
+    assert r['data/skipped_records'] == 1.0   # the line without an answer, left out at load
+  assert any("train.jsonl line 5 (record 4): missing field 'answer'" in r.get('text', '')
+             for r in records if r['kind'] == 'message'), [r for r in records
+                                                           if r['kind'] == 'message']
   # A damaged weights file (a download cut short) is one line at load, exit 2.
   weights = os.path.join(model_dir, 'model.safetensors')
   with open(weights, 'r+b') as f:
