@@ -220,10 +220,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       t1 = time.time()
       state, metrics = step_fn(state, batch)
       metrics = {k: float(v) for k, v in jax.device_get({**metrics, **extra}).items()}
-      if not np.isfinite(metrics['loss']):
-        raise runs.TrainingError(
-            f'non-finite loss at step {step}; last good checkpoint '
-            f'(step {ckpt.latest_step() or "none"}) kept in {workdir}')
+      runs.check_finite(metrics, step, ckpt, workdir)   # loss, gradient, parameters
       meta['pairs_total'] = meta.get('pairs_total', 0.0) + metrics['pairs']
       metrics.update({'time/step_s': time.time() - t0, 'time/train_s': time.time() - t1})
       hooks.on_step(step, metrics)
@@ -239,9 +236,15 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
                              stopping=stopping)
       if stopping and not last:
         runs.preempt(stop, step, hooks, ckpt, workdir)
+  except runs.TrainingError:   # non-finite loss, gradient or parameters: the plot, sinks closed
+    runs.close_stopped_run(config, workdir, hooks, ckpt)
+    raise
   finally:
     stop.restore()
     make_batch.close()
+  if 'final_eval' not in meta:   # resumed at train.steps from a checkpoint of a longer run
+    meta['final_eval'] = evaluator(state.params)
+    hooks.on_eval(total, meta['final_eval'])
   summary = runs.make_summary(config, meta['base_eval'], meta['final_eval'], total,
                               wall_before + time.time() - t_start)
   summary.update({'dpo_mode': config.dpo.mode, 'dpo_loss_type': config.dpo.loss_type,

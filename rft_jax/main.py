@@ -20,7 +20,9 @@ on stderr and exits with status 2, without a traceback and without importing JAX
 import ast
 import os
 import re
+import signal
 import sys
+import threading
 from typing import Any, Sequence
 
 from absl import flags
@@ -72,6 +74,11 @@ def main(argv: Sequence[str]) -> int:
     flags.FLAGS.mark_as_parsed()
   from rft_jax import compile_cache, components, runs  # pylint: disable=g-import-not-at-top
   compile_cache.enable()   # compiled programs are kept on disk for the next run
+  # SIGTERM during set-up stops at once (exit 75); the step loop then installs its own handler,
+  # which finishes the current step and checkpoints first (runs.StopRequest).
+  in_main_thread = threading.current_thread() is threading.main_thread()
+  previous_sigterm = (signal.signal(signal.SIGTERM, runs.preempt_at_once) if in_main_thread
+                      else None)
   try:
     # jax.distributed from JAX_COORDINATOR_ADDRESS etc. (else a no-op), then the recipe's
     # trainer: SFT, DPO or RL.
@@ -93,9 +100,17 @@ def main(argv: Sequence[str]) -> int:
   except runs.Preempted as e:
     print(f'stopped: {_one_line(str(e))}', file=sys.stderr)
     return PREEMPTED
+  except runs.SetupInterrupted as e:
+    print(f'stopped: {_one_line(str(e))}', file=sys.stderr)
+    _INTERRUPTED[0] = True
+    return PREEMPTED
   except KeyboardInterrupt:
     print(f'interrupted; resume with the same command (workdir {workdir})', file=sys.stderr)
+    _INTERRUPTED[0] = True
     return 130
+  finally:
+    if in_main_thread:
+      signal.signal(signal.SIGTERM, previous_sigterm)
   return 0
 
 
@@ -313,5 +328,18 @@ def _flag_error_message(error: flags.Error, config: ml_collections.ConfigDict) -
 _one_line = api._one_line   # pylint: disable=protected-access
 
 
+# An interrupt can land inside an XLA compile (its worker threads still running), and the
+# interpreter's normal exit then crashed (SIGSEGV, seen with Ctrl-C and SIGTERM during the base
+# eval). After one, the command ends with os._exit: nothing is left to save by then (a step's
+# checkpoint is written before a clean stop; an interrupted write stays a partial checkpoint,
+# which the next run sets aside).
+_INTERRUPTED = [False]
+
+
 if __name__ == '__main__':
-  sys.exit(main(sys.argv))
+  code = main(sys.argv)
+  if _INTERRUPTED[0]:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)   # pylint: disable=protected-access
+  sys.exit(code)

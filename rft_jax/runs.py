@@ -37,6 +37,20 @@ class Preempted(RuntimeError):
   """The run stopped on SIGTERM/SIGINT after checkpointing its last finished step."""
 
 
+class SetupInterrupted(BaseException):
+  """SIGTERM before a run's step loop. A BaseException, as KeyboardInterrupt: no `except
+  Exception` on its way (a checkpoint restore sets aside a checkpoint it cannot read) may take
+  it for a problem of the data it was reading."""
+
+
+def preempt_at_once(signum, frame):
+  """SIGTERM handler for the set-up before a run's step loop (model load, restore, compiles, the
+  base eval), where there is no step to finish: stop now, with nothing to save (exit 75)."""
+  del frame
+  raise SetupInterrupted(f'{signal.Signals(signum).name} outside the step loop (set-up or '
+                         'wrap-up): nothing new to save; run the same command again to resume')
+
+
 class StopRequest:
   """Turns SIGTERM and SIGINT into a flag the loop checks between steps (main thread only).
 
@@ -72,6 +86,25 @@ class StopRequest:
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
     self._previous = {}
+
+
+def check_finite(metrics: dict, step: int, ckpt: Checkpointer, workdir: str,
+                 stop_on_loss: bool = True) -> str:
+  """Stops the run (TrainingError, before anything of this step is logged or saved) when the
+  parameters are no longer finite ('param_norm': every later step would train on garbage, and
+  its checkpoints would replace the good ones), or, with stop_on_loss (no failure monitor), when
+  the loss or the gradient norm is not. Returns what was not finite ('' if all was), for the
+  caller to report (the update of a non-finite gradient is skipped on the device)."""
+  bad = ' and '.join(k for k in ('loss', 'grad_norm')
+                     if k in metrics and not np.isfinite(metrics[k]))
+  kept = (f'stopped with the last good checkpoint (step {ckpt.latest_step() or "none"}) kept '
+          f'in {workdir}')
+  if 'param_norm' in metrics and not np.isfinite(metrics['param_norm']):
+    raise TrainingError(f'the parameters are no longer finite after step {step} (param_norm '
+                        f'{metrics["param_norm"]}, grad_norm {metrics.get("grad_norm")}); {kept}')
+  if bad and stop_on_loss:
+    raise TrainingError(f'non-finite {bad} at step {step}; {kept}')
+  return bad
 
 
 def next_batch(data_it, step: int):
@@ -268,6 +301,11 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
       continue
     data_it.set_state(data_state)
     break
+  if start > config.train.steps and 'final_eval' not in meta:
+    ckpt.close()
+    raise components.SetupError(
+        f'config.train.steps={config.train.steps} is below the step of the unfinished run in '
+        f'{workdir} (checkpoint {start}); set train.steps to {start} or more to finish it')
   record_workdir_config(config, workdir)
   if jax.process_index() == 0:
     if initial is not None and start:   # checked on resume: the same policy, its files' stats
@@ -355,11 +393,16 @@ def draw_plot(config, workdir, hooks) -> None:
 
 
 def finish_run(config, workdir, summary, hooks, ckpt, plot=True) -> dict:
-  """Writes summary.json and the plot (process 0), closes sinks and checkpointer."""
+  """Writes summary.json and the plot (process 0), closes sinks and checkpointer. A plot that
+  cannot be written (a full disk) is a message: the run itself finished."""
   if jax.process_index() == 0:
     write_summary(workdir, summary)
   if plot:
-    draw_plot(config, workdir, hooks)
+    try:
+      draw_plot(config, workdir, hooks)
+    except (OSError, ValueError, RuntimeError) as e:
+      hooks.on_message(f'run.png not drawn ({os.path.join(workdir, "run.png")}): '
+                       f'{type(e).__name__}: {e}')
   hooks.on_end(summary)
   hooks.close()
   ckpt.close()

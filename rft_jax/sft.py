@@ -60,10 +60,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       batch = {k: hostdata.place(raw[k], batch_sh) for k in ('tokens', 'mask', 'loss_mask')}
       state, metrics = step_fn(state, batch)
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      if not np.isfinite(metrics['loss']):
-        raise runs.TrainingError(
-            f'non-finite loss at step {step}; last good checkpoint '
-            f'(step {ckpt.latest_step() or "none"}) kept in {workdir}')
+      runs.check_finite(metrics, step, ckpt, workdir)   # loss, gradient, parameters
       dt = time.time() - t0
       metrics.update({'time/step_s': dt,
                       'throughput/tokens_per_s': float(np.asarray(raw['mask']).sum()) / dt})
@@ -79,8 +76,14 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
                              stopping=stopping)
       if stopping and step != total:
         runs.preempt(stop, step, hooks, ckpt, workdir)
+  except runs.TrainingError:   # non-finite loss, gradient or parameters: the plot, sinks closed
+    runs.close_stopped_run(config, workdir, hooks, ckpt)
+    raise
   finally:
     stop.restore()
+  if 'final_eval' not in meta:   # resumed at train.steps from a checkpoint of a longer run
+    meta['final_eval'] = evaluator(state.params)
+    hooks.on_eval(total, meta['final_eval'])
   summary = runs.make_summary(config, meta['base_eval'], meta['final_eval'], total,
                                  wall_before + time.time() - t_start)
   return runs.finish_run(config, workdir, summary, hooks, ckpt)

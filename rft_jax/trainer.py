@@ -296,11 +296,11 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
           ref_params = reset_ref = jax.tree.map(jnp.copy, state.params)
         if decision is not None and decision.restore_before is not None and good:
           continue   # rewound: the steps after the restored checkpoint run again
-        if not np.isfinite(metrics['loss']) and mode in ('off', 'warn'):
-          hooks.on_message(f'step {step}: non-finite loss; the update was skipped')
-      elif not np.isfinite(metrics['loss']):
-        raise TrainingError(f'non-finite loss at step {step}; stopped with the last good '
-                            f'checkpoint (step {ckpt.latest_step() or "none"}) kept in {workdir}')
+      # Non-finite parameters stop every mode; a non-finite loss or gradient (its update was
+      # skipped on the device) stops a run without the monitor and is reported by one with it.
+      bad = runs.check_finite(metrics, step, ckpt, workdir, stop_on_loss=mcfg is None)
+      if bad and mode in ('off', 'warn'):
+        hooks.on_message(f'step {step}: non-finite {bad}; the update was skipped')
       last = step == total
       if step % config.train.eval_every == 0 or last:
         result = evaluator(state.params)
@@ -328,6 +328,9 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
     runner.close()
   if mcfg is not None or live_fit.enabled:
     write_incident_report(config, workdir, incident_log, hooks)
+  if 'final_eval' not in meta:   # resumed at train.steps from a checkpoint of a longer run
+    meta['final_eval'] = evaluator(state.params)
+    hooks.on_eval(total, meta['final_eval'])
   summary = runs.make_summary(config, meta['base_eval'], meta['final_eval'], total,
                               wall_before + time.time() - t_start)
   summary['incidents'] = sum(e['kind'] == 'incident' for e in incident_log.entries)

@@ -63,6 +63,27 @@ def test_halt_mode_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   assert not (tmp_path / 'summary.json').exists()
 
 
+@pytest.mark.parametrize('mode', ['off', 'warn'])
+def test_non_finite_parameters_stop_the_run_and_keep_the_good_checkpoint(tmp_path, mode):
+  """A 1e30x learning rate for one step makes the parameters infinite while the loss stays
+  finite: the run stops there (was: it trained on, every update skipped, exit 0, and retention
+  deleted the last good checkpoint for infinite ones)."""
+  config = tiny_config(**{'train.steps': 10, 'train.eval_every': 100, 'train.ckpt_every': 2,
+                          'train.keep_checkpoints': 2, 'rollout.prompts_per_step': 8,
+                          'monitor.mode': mode})
+  config.faults = [{'type': 'lr_spike', 'onset_step': 5, 'strength': 1e30, 'duration': 1}]
+  with pytest.raises(trainer.TrainingError,
+                     match='parameters are no longer finite after step 5.*last good checkpoint '
+                           r'\(step 4\)'):
+    trainer.run(config, str(tmp_path))
+  steps = sorted(int(d) for d in os.listdir(tmp_path / 'checkpoints') if d.isdigit())
+  assert steps == [2, 4]
+  with open(tmp_path / 'metrics.jsonl') as f:
+    logged = [json.loads(line) for line in f]
+  train = [r for r in logged if r['kind'] == 'train']
+  assert train[-1]['step'] == 5 and train[-1]['param_norm'] in ('Infinity', 'NaN')   # the cause
+
+
 class Rewinds(Hook):
 
   def __init__(self):

@@ -148,3 +148,23 @@ def test_sigterm_stops_an_sft_run_with_a_checkpoint(tmp_path):
   k = max(train_rows(workdir))
   assert sorted(int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints'))
                 if d.isdigit()) == [k]
+
+
+def test_sigterm_during_setup_exits_75_at_once(tmp_path):
+  """SIGTERM before the step loop (here: while the base eval compiles and runs) has no step to
+  finish: the run stops at once with exit 75 and says so (was: killed by the signal, exit 143,
+  nothing said; Ctrl-C there ended in a crash at exit)."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
+  workdir = str(tmp_path / 'setup')
+  cmd = command(workdir)
+  cmd[cmd.index('--config.telemetry.console=False')] = '--config.telemetry.console=True'
+  proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  for line in proc.stdout:   # printed after the model is built, before the base eval
+    if 'memory estimate' in line:
+      break
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 75, err
+  assert err.strip().splitlines()[-1].startswith('stopped: SIGTERM outside the step loop'), err
+  assert not os.path.isdir(os.path.join(workdir, 'checkpoints', '1'))

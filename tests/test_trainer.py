@@ -245,3 +245,46 @@ def test_updates_per_step_counts_epochs_and_minibatches():
   assert runs.updates_per_step(ppo) == 6
   assert runs.updates_per_step(sft_arith.get_config('tiny')) == 1
   assert runs.updates_per_step(dpo_arith.get_config('tiny')) == 1
+
+
+def test_resuming_an_unfinished_run_at_its_checkpoint_step_finishes_it(tmp_path):
+  """A run stopped after its step-2 checkpoint (here: later checkpoints removed), resumed with
+  train.steps=2, evaluates and finishes (was: KeyError 'final_eval'); below the checkpoint's
+  step it is a one-line setup error."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from rft_jax import components  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / 'run')
+  trainer.run(tiny_config(**{'train.steps': 4, 'train.ckpt_every': 2}), workdir)
+  shutil.rmtree(os.path.join(workdir, 'checkpoints', '4'))
+  os.remove(os.path.join(workdir, 'summary.json'))
+  shutil.copytree(workdir, str(tmp_path / 'copy'))
+  summary = trainer.run(tiny_config(**{'train.steps': 2, 'train.ckpt_every': 2}), workdir)
+  assert summary['steps'] == 2 and 0.0 <= summary['final_greedy_acc'] <= 1.0
+  with pytest.raises(components.SetupError, match=r'config.train.steps=1 is below the step of '
+                                                  r'the unfinished run .* \(checkpoint 2\)'):
+    trainer.run(tiny_config(**{'train.steps': 1}), str(tmp_path / 'copy'))
+
+
+def test_sft_stops_on_non_finite_parameters(tmp_path):
+  """SFT with an absurd learning rate: the run stops with the last good checkpoint (it used to
+  train on with every update skipped and finish at 0% accuracy)."""
+  from configs import sft_arith  # pylint: disable=g-import-not-at-top
+  from rft_jax import sft  # pylint: disable=g-import-not-at-top
+  config = sft_arith.get_config('tiny')
+  config.telemetry.console = False
+  config.telemetry.tensorboard = False
+  config.update_from_flattened_dict({'train.steps': 6, 'train.ckpt_every': 1,
+                                     'optim.lr': 1e25, 'optim.warmup_steps': 0})
+  with pytest.raises(runs.TrainingError, match='no longer finite|non-finite'):
+    sft.run(config, str(tmp_path))
+  assert os.path.exists(tmp_path / 'run.png')   # the steps it ran, drawn on the way out
+
+
+def test_a_plot_that_cannot_be_written_does_not_fail_a_finished_run(tmp_path, monkeypatch):
+  def full_disk(*args, **kwargs):
+    raise OSError(28, 'No space left on device')
+  monkeypatch.setattr(runs, 'plot_run', full_disk)
+  summary = trainer.run(tiny_config(**{'train.steps': 1}), str(tmp_path))
+  assert summary['steps'] == 1 and os.path.exists(tmp_path / 'summary.json')
+  messages = [m['text'] for m in read_jsonl(str(tmp_path / 'metrics.jsonl'), kind='message')]
+  assert any(m.startswith(f'run.png not drawn ({tmp_path / "run.png"}): OSError') for m in messages)
