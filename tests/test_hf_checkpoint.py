@@ -282,10 +282,38 @@ def test_tool_inspect_and_convert(hf_models, tmp_path, capsys):
   tensors = load_file(str(broken / 'model.safetensors'))
   del tensors['model.norm.weight']
   save_file(tensors, str(broken / 'model.safetensors'))
-  tool.inspect(str(broken))
+  with pytest.raises(SystemExit, match=r'^error: not loadable by rft_jax: .*missing tensor '
+                                       r'model.norm.weight$'):
+    tool.inspect(str(broken))
   assert 'loadable by rft_jax: no (' in capsys.readouterr().out
   tool.convert(type('Args', (), {'hf_dir': model_dir, 'out': str(tmp_path / 'orbax')}))
   _, _, params = _load(model_dir)
   restored = checkpoint.load_params(str(tmp_path / 'orbax'), params)
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(restored)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_tool_inspect_exits_non_zero_when_rft_jax_cannot_load_or_read(hf_models, tmp_path):
+  """A config rft_jax does not load: the report, then the reason as the last (stderr) line and a
+  non-zero exit (was exit 0). A truncated safetensors file: one line naming it (was a
+  SafetensorError traceback)."""
+  gelu = tmp_path / 'gelu'
+  shutil.copytree(hf_models['qwen2'][1], gelu)
+  hf = json.loads((gelu / 'config.json').read_text())
+  (gelu / 'config.json').write_text(json.dumps({**hf, 'hidden_act': 'gelu'}))
+  truncated = tmp_path / 'truncated'
+  shutil.copytree(hf_models['qwen2'][1], truncated)
+  weights = truncated / 'model.safetensors'
+  os.truncate(weights, os.path.getsize(weights) // 2)
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  run = lambda d: subprocess.run([sys.executable, '-m', 'tools.checkpoint', 'inspect', str(d)],
+                                 cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  done = run(gelu)
+  assert done.returncode != 0 and 'loadable by rft_jax: no (' in done.stdout, done
+  assert ' tensors, ' in done.stdout   # the report is still printed
+  assert re.fullmatch(r"error: not loadable by rft_jax: .*config.json: hidden_act='gelu': "
+                      r"only 'silu' .*\n", done.stderr), done.stderr
+  done = run(truncated)
+  assert done.returncode != 0 and done.stdout == '', done
+  assert re.fullmatch(rf'error: {re.escape(str(weights))}: cannot read its tensors '
+                      r'\(SafetensorError: .*\)\n', done.stderr), done.stderr

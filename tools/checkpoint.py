@@ -4,7 +4,9 @@
       DIR: a HF model dir (config.json + safetensors) or an orbax pytree dir (a params dir such
       as rft_jax/assets/arith_base, or a run's RUN/checkpoints/<step> or its state). Prints
       family, config, each tensor's shape and dtype, and the parameter count; for a HF dir
-      whether rft_jax loads it (its config and every tensor's name and shape).
+      whether rft_jax loads it (its config and every tensor's name and shape). Exits non-zero
+      with the reason as its last line (stderr) when rft_jax cannot load it, or a file cannot
+      be read (e.g. a truncated safetensors file).
   python -m tools.checkpoint export --config configs/X.py --workdir RUN --out DIR \
       [--step N] [--dtype bfloat16|float32] [--max-shard-gb 2] [--config.a.b=v ...]
       The params of RUN's latest (or --step) checkpoint as a HF dir that transformers and vLLM
@@ -30,12 +32,15 @@ def inspect(path: str) -> None:
     return _inspect_orbax(path)
   from safetensors import safe_open  # pylint: disable=g-import-not-at-top
   hf = hc.read_config_json(path)
+  _check_readable(path)   # a damaged file: one line naming it, not a traceback
+  problem = None
   try:
     cfg = hc.load_hf_config(path)
     hc.check_tensors(path, cfg)   # names and shapes on disk against what the config builds
     print(f'family: {hc.family(hf)}  loadable by rft_jax: yes')
     print('config: ' + ', '.join(f'{k}={v}' for k, v in cfg.__dict__.items()))
   except hc.HFCheckpointError as e:
+    problem = e
     print(f'loadable by rft_jax: no ({e})')
   total, dtypes = 0, set()
   files = hc.weight_map(path)
@@ -47,6 +52,27 @@ def inspect(path: str) -> None:
     dtypes.add(dtype)
     print(f'  {name:60s} {str(shape):16s} {dtype}  ({os.path.basename(files[name])})')
   print(f'{len(files)} tensors, {total:,} parameters, dtype on disk: {", ".join(sorted(dtypes))}')
+  if problem is not None:   # the report above, then a non-zero exit with the reason
+    raise SystemExit(f'error: not loadable by rft_jax: {problem}')
+
+
+def _check_readable(path: str) -> None:
+  """SystemExit naming the first safetensors file of HF dir `path` that cannot be opened (a
+  truncated or damaged file, a shard the index names that is missing), as a run reports it."""
+  from safetensors import SafetensorError, safe_open  # pylint: disable=g-import-not-at-top
+  from rft_jax.components import _reason  # pylint: disable=g-import-not-at-top,protected-access
+  from rft_jax.models import hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
+  single = os.path.join(path, hc.SINGLE)
+  if os.path.isfile(os.path.join(path, hc.INDEX)):
+    files = sorted(set(hc.weight_map(path).values()))
+  else:
+    files = [single] if os.path.isfile(single) else []   # neither: weight_map says so
+  for file in files:
+    try:
+      with safe_open(file, framework='np'):
+        pass
+    except (OSError, SafetensorError) as e:
+      raise SystemExit(f'error: {file}: cannot read its tensors ({_reason(e)})') from None
 
 
 def _inspect_orbax(path: str) -> None:
