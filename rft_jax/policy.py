@@ -4,7 +4,7 @@
   policy = load_policy(config, workdir)        # the params of a run's latest checkpoint
   sample(policy, ['12+7='], n=4)               # -> [['19', '19', '18', '19']]
   evaluate(policy)                             # the trainer's held-out eval, same numbers
-  choose_mesh(config)                          # a mesh for the devices found
+  choose_mesh(config)                          # a mesh for the devices found (any recipe)
 
 Everything is built by rft_jax.components.build, exactly as the trainers build it; sampling and
 evaluation use the trainers' jitted sampler and Evaluator. JAX is imported on first use.
@@ -171,42 +171,82 @@ def evaluate(policy: Policy, *, num_prompts: int | None = None, k: int | None = 
   return policy._compiled[key](policy.params)
 
 
+def _recipe_batches(config) -> tuple[list[tuple[int, int, str]], dict]:
+  """The recipe's batch as its trainer sizes it: ([(rows, multiple, key)], memory.estimate
+  arguments); data*fsdp*multiple must divide each rows (rft_jax/trainer.py, sft.py,
+  dpo_trainer.py). `sample_rows` are sampled with a KV cache (0: none in the train loop)."""
+  from rft_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from rft_jax.telemetry import flops  # pylint: disable=g-import-not-at-top
+  prompt_len = config.task.max_prompt_len
+  if config_lib.is_sft(config):   # one row per example, no reference, no sampling
+    rows = config.sft.batch_size
+    return [(rows, 1, 'sft.batch_size')], dict(
+        rows=rows, seq_len=prompt_len + config.sft.answer_len, microbatches=1, reference=False,
+        sample_rows=0)
+  if config_lib.is_dpo(config):   # pairs: a chosen and a rejected row each; frozen reference
+    micro = int(config.dpo.microbatches)
+    if config.dpo.mode == 'online':
+      pairs, key = config.rollout.prompts_per_step, 'rollout.prompts_per_step'
+      seq_len = prompt_len + config.rollout.max_new_tokens
+      sample_rows = pairs * config.rollout.group_size
+    else:
+      pairs, key = config.dpo.batch_size, 'dpo.batch_size'
+      seq_len, sample_rows = prompt_len + config.dpo.answer_len, 0
+    return [(pairs, micro, key)], dict(rows=2 * pairs, seq_len=seq_len, microbatches=micro,
+                                       reference=True, sample_rows=sample_rows)
+  algo = config.get('algo', {})
+  micro = int(algo.get('microbatches', 1))
+  rows = config.rollout.prompts_per_step * config.rollout.group_size
+  checks = [(rows, micro * int(algo.get('minibatches', 1)),
+             'rollout.prompts_per_step*group_size')]
+  if algo.get('score_chunks', 0):
+    checks.append((rows, int(algo.score_chunks), 'rollout.prompts_per_step*group_size'))
+  return checks, dict(rows=rows, seq_len=prompt_len + config.rollout.max_new_tokens,
+                      microbatches=micro, reference=flops.uses_reference(config),
+                      sample_rows=rows,
+                      sampling_layout=config.rollout.get('weights_layout', 'train'))
+
+
 def choose_mesh(config, num_devices: int | None = None,
                 device_bytes: int | None = None) -> dict[str, int]:
-  """{'data', 'fsdp', 'tensor'} for an RL recipe on the devices found: all-data-parallel when its
-  estimated per-device memory (rft_jax/parallel/memory.py) fits in 90% of a device, else FSDP
-  over all devices, else FSDP x tensor 2, 4, ...; each candidate must also divide the model
-  (heads, hidden size) and the rollout batch. device_bytes: default the device's own (None on
-  CPU, where every candidate fits). Raises SetupError (one line) when none fits."""
+  """{'data', 'fsdp', 'tensor'} for a recipe (RL, SFT or DPO) on the devices found:
+  all-data-parallel when its estimated per-device memory (rft_jax/parallel/memory.py) fits in
+  90% of a device, else FSDP over all devices, else FSDP x tensor 2, 4, ...; each candidate must
+  also divide the model (heads, hidden size) and the batch as the recipe's trainer checks it
+  (RL: the rollout batch; SFT: sft.batch_size; DPO: the pairs per step). device_bytes: default
+  the device's own (None on CPU, where every candidate fits). Raises SetupError (one line) when
+  none fits."""
   import jax  # pylint: disable=g-import-not-at-top
   from rft_jax import components  # pylint: disable=g-import-not-at-top
   from rft_jax.parallel import memory  # pylint: disable=g-import-not-at-top
   from rft_jax.parallel import mesh as meshlib  # pylint: disable=g-import-not-at-top
-  from rft_jax.telemetry import flops  # pylint: disable=g-import-not-at-top
   n = jax.device_count() if num_devices is None else num_devices
   if device_bytes is None:
     device_bytes = memory.device_memory_bytes()
   model_cfg = components.model_config(config)
-  micro = int(config.get('algo', {}).get('microbatches', 1))
-  rows = config.rollout.prompts_per_step * config.rollout.group_size
+  checks, sizes = _recipe_batches(config)
+  sample_rows = sizes.pop('sample_rows')
   candidates = [(n, 1, 1)] + [(1, n // t, t) for t in (1, 2, 4, 8) if n % t == 0]
   seen = []
   for shape in candidates:
     try:
       meshlib.check_model_fits_mesh(model_cfg, shape)
-      meshlib.check_batch_fits_mesh(rows // micro if rows % micro == 0 else rows, shape)
     except meshlib.MeshError:
       continue
-    est = memory.estimate_run(config, model_cfg, shape, microbatches=micro,
-                              reference=flops.uses_reference(config))
+    if any(rows % (shape[0] * shape[1] * multiple) for rows, multiple, _ in checks):
+      continue
+    est = memory.estimate(model_cfg, shape, **sizes)   # its KV cache: the rows sampled
+    kv_cache = memory.kv_cache_bytes(model_cfg, shape, sample_rows, sizes['seq_len'])
+    est = dataclasses.replace(est, kv_cache=kv_cache)
     seen.append((est.peak, shape))
     if device_bytes is None or est.peak <= 0.9 * device_bytes:
       return dict(zip(('data', 'fsdp', 'tensor'), shape))
   if not seen:
-    raise components.SetupError(f'no mesh of {n} devices divides the model and the batch of '
-                                f'{rows} rows; set config.mesh by hand')
+    rows, _, key = checks[0]
+    raise components.SetupError(f'no mesh of {n} devices divides the model and the batch '
+                                f'(config.{key}={rows}); set config.mesh by hand')
   peak, shape = min(seen)
   raise components.SetupError(
       f'no mesh of {n} devices fits: the smallest estimate is {peak / 2**20:,.0f} MiB per device '
-      f'(mesh {shape}) > 90% of {device_bytes / 2**20:,.0f} MiB; lower rollout sizes, raise '
-      'algo.microbatches or use more devices')
+      f'(mesh {shape}) > 90% of {device_bytes / 2**20:,.0f} MiB; lower the batch sizes, raise '
+      'the microbatches or use more devices')

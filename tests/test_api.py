@@ -298,6 +298,31 @@ def test_choose_mesh_prefers_data_parallel_then_shards():
     api.choose_mesh(config, num_devices=8, device_bytes=1024)
 
 
+@pytest.mark.parametrize('recipe, overrides, n, batch_key, micro_key', [
+    ('sft_arith', {'sft.batch_size': 12}, 8, 'sft.batch_size', None),
+    ('dpo_arith', {'dpo.microbatches': 4}, 32, 'dpo.batch_size', 'dpo.microbatches'),
+    ('online_dpo_arith', {'rollout.prompts_per_step': 4}, 8, 'rollout.prompts_per_step',
+     'dpo.microbatches')])
+def test_choose_mesh_for_sft_and_dpo_splits_their_batch(recipe, overrides, n, batch_key,
+                                                        micro_key):
+  """SFT and DPO recipes have no algo section (offline ones no rollout): choose_mesh had raised
+  AttributeError 'rollout'; online DPO's mesh must split its pairs (prompts_per_step), not the
+  rollout rows. Each mesh passes its trainer's check: data*fsdp*microbatches | the batch."""
+  assert api.choose_mesh(api.load_config(recipe), num_devices=n) == dict(data=n, fsdp=1,
+                                                                         tensor=1)
+  config = api.load_config(recipe, overrides)   # data=n does not divide this batch
+  section, key = batch_key.split('.')
+  batch, micro = config[section][key], config.dpo.microbatches if micro_key else 1
+  mesh = api.choose_mesh(config, num_devices=n)
+  assert mesh['data'] * mesh['fsdp'] * mesh['tensor'] == n and mesh['data'] < n, mesh
+  assert batch % (mesh['data'] * mesh['fsdp'] * micro) == 0, mesh
+  with pytest.raises(api.SetupError, match=f'no mesh of {n} devices fits'):
+    api.choose_mesh(config, num_devices=n, device_bytes=1024)
+  with pytest.raises(api.SetupError, match=rf'no mesh of 7 devices divides the model and the '
+                     rf'batch \(config.{batch_key}={batch}\); set config.mesh by hand$'):
+    api.choose_mesh(config, num_devices=7)
+
+
 # --- The README ------------------------------------------------------------------------------
 
 def readme_example(index: int = 0) -> str:
