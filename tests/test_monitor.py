@@ -16,6 +16,7 @@ from rft_jax.monitor import synthetic
 from rft_jax.monitor.detectors import MonitorConfig, detector_update, init_detectors
 from rft_jax.monitor.monitor import (alarm_metrics, incidents_from_alarms, init_monitor,
                                      monitor_update, run_monitor)
+from tools import monitor_false_alarms
 from tools.monitor_false_alarms import first_diagnosis
 
 CFG = MonitorConfig()
@@ -274,3 +275,18 @@ def test_signature_table_is_consistent():
   assert uses.shape == (len(sigs.SIGNATURES), len(sig.SIGNALS))
   assert uses[sigs.SIGNATURE_NAMES.index('reward_hacking'),
               sig.SIGNALS.index('reward/correct/mean')] == 0     # a gate is not evidence
+
+
+def test_false_alarm_tool_rejects_too_few_steps_in_one_line(capsys):
+  """Fault onsets are drawn from [warmup + 30, steps - 40): --steps 60 had crashed with a
+  'low >= high' traceback from numpy; now an argparse error naming the minimum."""
+  with pytest.raises(SystemExit) as e:
+    monitor_false_alarms.main(['--traces', '4', '--steps', '60'])
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert e.value.code == 2 and err.endswith('error: --steps=60: at least 81 (faults start in '
+                                            '[warmup + 30, steps - 40) with warmup=10)'), err
+  with pytest.raises(SystemExit, match='2'):   # the minimum follows --set warmup=...
+    monitor_false_alarms.main(['--traces', '1', '--steps', '81', '--set', 'warmup=11'])
+  assert 'at least 82' in capsys.readouterr().err
+  monitor_false_alarms.main(['--traces', '1', '--steps', '81'])   # the minimum runs
+  assert 'credit_assignment' in capsys.readouterr().out

@@ -2,6 +2,7 @@
 
   python -m tools.monitor_false_alarms [--traces 200 --steps 300 --seed 0 --window 10]
                                        [--set cusum_h=8 ...]
+  --steps: at least warmup + 71 (81 with the default warmup=10), so that fault onsets fit.
 
 1. Runs the monitor over `traces` healthy traces (rft_jax.monitor.synthetic.healthy_trace) and
    prints false alarms per 1,000 steps, in total and by signature (target: <= 1 in total), and
@@ -101,6 +102,10 @@ def main(argv=None):
   for item in args.set:
     key, value = item.split('=', 1)
     cfg = dataclasses.replace(cfg, **{key: type(getattr(cfg, key))(value)})
+  min_steps = cfg.warmup + 71   # fault onsets are drawn from [warmup + 30, steps - 40)
+  if args.steps < min_steps:
+    parser.error(f'--steps={args.steps}: at least {min_steps} (faults start in [warmup + 30, '
+                 f'steps - 40) with warmup={cfg.warmup})')
 
   for early_rise in (False, True):
     total, per_sig, runs = false_alarms(cfg, args.traces, args.steps, args.seed, early_rise)
