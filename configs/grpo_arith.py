@@ -3,8 +3,9 @@ r"""GRPO on the built-in arithmetic task, starting from the shipped SFT base pol
   python -m rft_jax.main --config configs/grpo_arith.py --workdir runs/grpo_arith
 
 What to expect on 2 CPU cores (no GPU): a few minutes of wall time, the mean reward rising from
-~0.4 to ~0.7, and held-out greedy accuracy rising by well over 15 points over the base policy
-(both are printed at the end and written to `summary.json`).
+~0.7 at the first step to ~1.0 by step 150 (of a maximum 1.1: correct 1.0 + format 0.1, see
+config.rewards.weights), and held-out greedy accuracy rising by well over 15 points over the
+base policy (both are printed at the end and written to `summary.json`).
 
 `--config configs/grpo_arith.py:tiny` is the same recipe shrunk for tests (a few steps).
 """
