@@ -141,3 +141,17 @@ def test_report_shows_a_failed_first_step_run_and_no_xla_rate_off_cpu():
   assert "XLA's FLOP count" not in table
   assert '| policy update model FLOP/s (6N/token + attention, real tokens) | 323.5 TFLOP/s |' \
       in table
+
+
+def test_tiny_reports_in_the_checkout_are_ignored_by_git():
+  """`python -m tools.bench --tiny` writes experiments/bench/grpo_tiny.{json,md} (its default
+  --out): they showed as untracked files. The committed reports of other presets are not."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  if not shutil.which('git') or not os.path.isdir(os.path.join(REPO, '.git')):
+    pytest.skip('not a git checkout')
+  check = lambda path: subprocess.run(['git', 'check-ignore', '-q', '--no-index', path],
+                                      cwd=REPO, check=False).returncode
+  for name in ('grpo_tiny.json', 'grpo_tiny.md'):
+    assert check(f'experiments/bench/{name}') == 0, name
+  assert check('experiments/bench/grpo_issue11.json') == 1
