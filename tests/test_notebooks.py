@@ -99,6 +99,9 @@ def test_failure_monitor(kernel_env):
   out = text(nb)
   assert 'evidence: ' in out, 'no incident with evidence was shown'
   assert 'remediation ' in out, 'auto mode took no action'
+  # summary['steps'] counts RL steps; grpo_arith makes algo.updates_per_batch=2 optimiser
+  # updates on each (summary['optim_updates']); the label had called the 24 steps optimiser steps.
+  assert out.count('for 24 RL steps: 48 optimiser updates)') == 2, out[-1000:]
 
 
 def test_scaling(kernel_env):

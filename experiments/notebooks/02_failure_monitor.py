@@ -203,7 +203,8 @@ for name, run in (('warn', run_warn), ('auto', run_auto)):
   s = run.summary
   print(f"{name:5s} incidents {s['incidents']}  held-out greedy accuracy "
         f"{s['base_greedy_acc']:.1%} -> {s['final_greedy_acc']:.1%}  "
-        f"({len(run.history)} steps run for {s['steps']} optimiser steps)")
+        f"({len(run.history)} steps run, re-runs after a restore included, for {s['steps']} "
+        f"RL steps: {s['optim_updates']} optimiser updates)")
 
 # %% [markdown]
 # To try another fault, change `FAULT` (e.g. `{'type': 'eos_ignored', 'onset_step': 20,
