@@ -118,6 +118,12 @@ def test_grpo_gsm8k_on_tiny_qwen2_checkpoint(tmp_path):
   assert broken.stderr.strip().splitlines()[-1].startswith(
       f'error: config.model.path={model_dir}: cannot read its weights'), broken.stderr[-3000:]
   assert os.path.isdir(os.path.join(workdir, 'checkpoints', '2'))
+  checked = run_main(   # --validate_only opens the weight files too (it said 'config OK')
+      '--config', f'{RECIPE}:tiny', f'--config.model.path={model_dir}',
+      f'--config.task.manual_dir={manual_dir}', *overrides, '--validate_only')
+  assert checked.returncode == 2, checked.stdout + checked.stderr
+  assert checked.stderr.strip().splitlines()[-1].startswith(
+      f'error: config.model.path: {weights}: cannot read its tensors'), checked.stderr
 
 
 def test_validate_only_reads_the_data_and_the_tokenizer(tmp_path):

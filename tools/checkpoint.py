@@ -32,7 +32,10 @@ def inspect(path: str) -> None:
     return _inspect_orbax(path)
   from safetensors import safe_open  # pylint: disable=g-import-not-at-top
   hf = hc.read_config_json(path)
-  _check_readable(path)   # a damaged file: one line naming it, not a traceback
+  try:   # a damaged file: one line naming it, not a traceback
+    hc.check_readable(path)
+  except hc.HFCheckpointError as e:
+    raise SystemExit(f'error: {e}') from None
   problem = None
   try:
     cfg = hc.load_hf_config(path)
@@ -54,25 +57,6 @@ def inspect(path: str) -> None:
   print(f'{len(files)} tensors, {total:,} parameters, dtype on disk: {", ".join(sorted(dtypes))}')
   if problem is not None:   # the report above, then a non-zero exit with the reason
     raise SystemExit(f'error: not loadable by rft_jax: {problem}')
-
-
-def _check_readable(path: str) -> None:
-  """SystemExit naming the first safetensors file of HF dir `path` that cannot be opened (a
-  truncated or damaged file, a shard the index names that is missing), as a run reports it."""
-  from safetensors import SafetensorError, safe_open  # pylint: disable=g-import-not-at-top
-  from rft_jax.components import _reason  # pylint: disable=g-import-not-at-top,protected-access
-  from rft_jax.models import hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
-  single = os.path.join(path, hc.SINGLE)
-  if os.path.isfile(os.path.join(path, hc.INDEX)):
-    files = sorted(set(hc.weight_map(path).values()))
-  else:
-    files = [single] if os.path.isfile(single) else []   # neither: weight_map says so
-  for file in files:
-    try:
-      with safe_open(file, framework='np'):
-        pass
-    except (OSError, SafetensorError) as e:
-      raise SystemExit(f'error: {file}: cannot read its tensors ({_reason(e)})') from None
 
 
 def _inspect_orbax(path: str) -> None:

@@ -189,6 +189,24 @@ def weight_map(model_dir: str) -> dict[str, str]:
     return {k: single for k in f.keys()}
 
 
+def check_readable(model_dir: str) -> None:
+  """Opens every safetensors file of `model_dir` (the index's shards, else the single file; the
+  headers only): HFCheckpointError naming the first that is missing, truncated or damaged."""
+  single = os.path.join(model_dir, SINGLE)
+  if os.path.isfile(os.path.join(model_dir, INDEX)):
+    files = sorted(set(weight_map(model_dir).values()))
+  else:
+    files = [single] if os.path.isfile(single) else []   # neither: weight_map says so
+  for file in files:
+    try:
+      with safe_open(file, framework='np'):
+        pass
+    except Exception as e:  # pylint: disable=broad-except  (OSError or SafetensorError)
+      lines = str(e).strip().splitlines()
+      reason = f'{type(e).__name__}: {lines[-1]}' if lines else type(e).__name__
+      raise HFCheckpointError(f'{file}: cannot read its tensors ({reason})') from None
+
+
 def check_tensors(model_dir: str, model_cfg: ModelConfig) -> dict[str, str]:
   """weight_map(model_dir) after checking it against model_cfg: HFCheckpointError for a tensor
   the model does not have, one it needs that is missing, or one of another shape (the files'
