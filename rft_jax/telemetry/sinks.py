@@ -32,6 +32,7 @@ from typing import Any
 from rft_jax.telemetry.console import (DEFAULT_CONSOLE_KEYS, ConsoleSink,  # noqa: F401
                                       describe_incident, format_summary_value, format_value)
 from rft_jax.telemetry.hooks import Hook, HookList
+from rft_jax.telemetry.tb_guard import EventFileGuard
 
 _NONFINITE_TO_JSON = {'nan': 'NaN', 'inf': 'Infinity', '-inf': '-Infinity'}
 _JSON_TO_NONFINITE = {'NaN': math.nan, 'Infinity': math.inf,
@@ -238,6 +239,10 @@ class TensorBoardSink(Hook):
   `resume_step > 0`, TensorBoard hides events an earlier run wrote after
   that step (tensorboardX `purge_step`); after a remediation rewind (`on_rewind`)
   it hides those of the abandoned steps the same way.
+
+  A failed write of the event file (a full disk) is raised as an OSError naming the file by the
+  next call, once, and later events are dropped (tb_guard.EventFileGuard: tensorboardX alone
+  would hang the run).
   """
 
   def __init__(self, logdir: str | os.PathLike, resume_step: int = 0,
@@ -254,15 +259,29 @@ class TensorBoardSink(Hook):
     self._writer = SummaryWriter(
         logdir=self.logdir, flush_secs=flush_secs,
         purge_step=resume_step + 1)   # hides events a crashed run logged after resume_step
+    self._guard = EventFileGuard(self._writer, self.logdir)
+    self._failed = False   # the event file's error was raised: later events are dropped
+
+  def _writable(self) -> bool:
+    """Whether to write; raises the event file's write error (naming it) the first time."""
+    if self._failed:
+      return False
+    error = self._guard.failure()
+    if error is not None:
+      self._failed = True
+      raise error
+    return True
 
   def _scalars(self, step: int, values: Mapping[str, Any]) -> None:
+    if not self._writable():
+      return
     for name, value in values.items():
       if isinstance(value, numbers.Real) and not isinstance(value, bool):
         self._writer.add_scalar(tensorboard_tag(name), float(value), step)
 
   def on_start(self, step, total_steps, config_summary):
     self._step = step
-    if config_summary:
+    if config_summary and self._writable():
       rows = '\n'.join(f'| {k} | {v} |' for k, v in config_summary.items())
       self._writer.add_text('config', '| key | value |\n|---|---|\n' + rows, step)
 
@@ -274,20 +293,26 @@ class TensorBoardSink(Hook):
     self._scalars(step, results)
 
   def on_message(self, text):
-    self._writer.add_text('messages', str(text), self._step)
+    if self._writable():
+      self._writer.add_text('messages', str(text), self._step)
 
   def on_incident(self, step, incident):
-    self._writer.add_text('incidents', describe_incident(step, incident), step)
+    if self._writable():
+      self._writer.add_text('incidents', describe_incident(step, incident), step)
 
   def on_rewind(self, step):
     """A SessionLog START at step + 1, as tensorboardX writes for `purge_step`: TensorBoard
     then drops the events logged before it with a step after `step` (the abandoned ones)."""
     from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
     self._step = step
+    if not self._writable():
+      return
     self._writer.file_writer.add_event(event_pb2.Event(
         step=step + 1, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
 
   def on_end(self, summary):
+    if not self._writable():
+      return
     lines = '\n'.join(f'- {k}: {format_summary_value(str(k), v)}'
                       for k, v in summary.items())
     self._writer.add_text('summary', lines, self._step)
