@@ -1,8 +1,11 @@
-"""A full disk under the telemetry sinks: one OSError naming the file, no hang."""
+"""A full disk under the telemetry sinks: one OSError naming the file, no hang, a quiet close."""
 
 import errno
+import gc
 import glob
 import os
+import subprocess
+import sys
 import threading
 
 from rft_jax.telemetry import sinks
@@ -40,12 +43,21 @@ def _log_until_raises(sink, calls=1000):
 
 
 def _in_thread(fn):
-  """fn() in a daemon thread: (finished, its result). A call that blocks forever leaves the
-  thread behind and reports finished=False instead of hanging the test session."""
+  """fn() in a daemon thread: (finished, its result); what it raises is raised here. A call
+  that blocks forever leaves the thread behind and reports finished=False instead of hanging
+  the test session."""
   out = {}
-  thread = threading.Thread(target=lambda: out.update(result=fn()), daemon=True)
+
+  def target():
+    try:
+      out['result'] = fn()
+    except BaseException as e:  # pylint: disable=broad-except
+      out['error'] = e
+  thread = threading.Thread(target=target, daemon=True)
   thread.start()
   thread.join(_HANG_S)
+  if 'error' in out:
+    raise out['error']
   return not thread.is_alive(), out.get('result')
 
 
@@ -65,6 +77,7 @@ def test_a_full_disk_under_tensorboard_raises_naming_the_event_file_not_hangs(tm
   assert finished
   sink.on_message('x')
   sink.on_end({'steps': 50})
+  sink.close()
 
 
 def test_a_tensorboard_writer_thread_that_is_gone_is_an_error_not_a_hang(tmp_path):
@@ -81,6 +94,38 @@ def test_a_tensorboard_writer_thread_that_is_gone_is_an_error_not_a_hang(tmp_pat
   assert error.filename == event_file._ev_writer._file_name
   finished, _ = _in_thread(sink.close)
   assert finished
+
+
+def test_a_tensorboard_sink_whose_disk_filled_closes_quietly(tmp_path, capfd):
+  """No 'Exception in thread' from the writer thread, and close raises and prints nothing."""
+  sink = sinks.TensorBoardSink(str(tmp_path / 'tb'))
+  _fill_disk(sink)
+  finished, result = _in_thread(lambda: _log_until_raises(sink, calls=15))
+  assert finished, 'the sink blocked on the full disk'
+  assert result[1] is not None and result[1].errno == errno.ENOSPC
+  sink.on_end({'steps': 3})
+  assert _in_thread(sink.close)[0], 'close blocked'
+  gc.collect()
+  out, err = capfd.readouterr()
+  assert (out, err) == ('', '')
+
+
+def test_a_tensorboard_sink_left_open_on_a_full_disk_exits_quietly(tmp_path):
+  """A run stopped by the error does not close its sinks: tensorboardX's atexit flush of the
+  broken file prints nothing either (in a fresh process)."""
+  code = f"""
+import errno
+from rft_jax.telemetry import sinks
+from test_full_disk import _fill_disk, _log_until_raises
+sink = sinks.TensorBoardSink({str(tmp_path / 'tb')!r})
+sink.on_step(0, {{'kl': 0.5}})
+_fill_disk(sink)
+_, error = _log_until_raises(sink, calls=15)
+print(error.errno == errno.ENOSPC)
+"""
+  out = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=f'{REPO}/tests:{REPO}'), timeout=_HANG_S)
+  assert (out.returncode, out.stdout, out.stderr) == (0, 'True\n', '')
 
 
 def test_tensorboard_scalars_still_round_trip_after_the_guard(tmp_path):

@@ -241,8 +241,8 @@ class TensorBoardSink(Hook):
   it hides those of the abandoned steps the same way.
 
   A failed write of the event file (a full disk) is raised as an OSError naming the file by the
-  next call, once, and later events are dropped (tb_guard.EventFileGuard: tensorboardX alone
-  would hang the run).
+  next call, once; later events are dropped, and `close` neither raises nor prints
+  (tb_guard.EventFileGuard: tensorboardX alone would hang the run).
   """
 
   def __init__(self, logdir: str | os.PathLike, resume_step: int = 0,
@@ -317,12 +317,15 @@ class TensorBoardSink(Hook):
                       for k, v in summary.items())
     self._writer.add_text('summary', lines, self._step)
     self._writer.flush()
+    self._writable()   # the flush's error, if it failed
 
   def close(self):
+    """Flushes and closes the event file. Never raises nor prints an I/O error (the run may be
+    stopping for another one); on_end's flush has reported it."""
     if self._writer is not None:
-      self._writer.flush()
-      self._writer.close()
-      self._writer = None
+      writer, self._writer = self._writer, None
+      writer.flush()
+      writer.close()
 
 
 # ----------------------------------------------------------------------------

@@ -7,7 +7,8 @@ atexit hook flushes the broken file again and prints more tracebacks. `EventFile
 SummaryWriter's event file so that
 
 - the writer thread records the first I/O error and drops later events instead of dying;
-- a put onto the queue waits in bounded slices and gives up once the thread is gone.
+- a put onto the queue waits in bounded slices and gives up once the thread is gone;
+- flush and close (the sink's, and tensorboardX's atexit hook) neither raise nor print.
 
 The caller's thread raises the recorded error (`failure`), naming the event file.
 """
@@ -37,15 +38,17 @@ class EventFileGuard:
       return
     self.path = getattr(events, '_file_name', logdir)
     # Instance attributes: the writer thread looks these methods up on every call.
-    events.write_event = self._caught(events.write_event)
+    for name in ('write_event', 'flush', 'close'):
+      setattr(events, name, self._caught(getattr(events, name)))
     self._file.add_event = self._put
     worker.stop = lambda: self._stop(worker)
 
   def _caught(self, method):
     """`method`, recording its OSError instead of raising it; a no-op once the file failed."""
+    closing = method.__name__ == 'close'
 
     def call(*args, **kwargs):
-      if self.error is not None:
+      if self.error is not None and not closing:
         return None
       try:
         return method(*args, **kwargs)
