@@ -8,6 +8,8 @@ import subprocess
 import sys
 import threading
 
+import pytest
+
 from rft_jax.telemetry import sinks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -126,6 +128,24 @@ print(error.errno == errno.ENOSPC)
   out = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=f'{REPO}/tests:{REPO}'), timeout=_HANG_S)
   assert (out.returncode, out.stdout, out.stderr) == (0, 'True\n', '')
+
+
+def test_a_jsonl_sink_on_a_full_disk_raises_once_naming_the_file_and_closes_quietly(
+    tmp_path, capfd):
+  path = str(tmp_path / 'metrics.jsonl')
+  sink = sinks.JsonlSink(path)
+  sink.on_step(1, {'loss': 0.5})
+  sink._file.close()
+  sink._file = open('/dev/full', 'w', encoding='utf-8')   # every write: ENOSPC
+  with pytest.raises(OSError) as info:
+    sink.on_step(2, {'loss': 0.5})
+  assert info.value.errno == errno.ENOSPC and info.value.filename == path
+  sink.on_message('after the error')   # dropped, not raised again over the first error
+  sink.on_end({'steps': 2})
+  sink.close()
+  gc.collect()
+  assert capfd.readouterr() == ('', '')
+  assert [r['step'] for r in sinks.read_jsonl(path)] == [1]
 
 
 def test_tensorboard_scalars_still_round_trip_after_the_guard(tmp_path):

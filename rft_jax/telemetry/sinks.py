@@ -115,6 +115,10 @@ class JsonlSink(Hook):
   With `resume_step > 0`, lines logged after step `resume_step` by an earlier
   (crashed) run are dropped first, so the resumed run does not duplicate them;
   with `resume_step == 0` (nothing to resume) the file starts empty.
+
+  A failed write (a full disk) raises an OSError naming the file, once: the file is then closed
+  and later records are dropped, so the error is not raised again over the one that stopped the
+  run, and closing prints nothing.
   """
 
   def __init__(self, path: str | os.PathLike, resume_step: int = 0):
@@ -123,6 +127,7 @@ class JsonlSink(Hook):
     if resume_step > 0 and os.path.exists(self.path):
       self._truncate_after(resume_step)
     self._step = resume_step
+    self._failed = False   # a write failed (raised once, naming the file)
     # A fresh start (no checkpoint to resume from) replaces what a run that died before its
     # first checkpoint wrote: those steps run again.
     self._file: io.TextIOBase | None = open(self.path, 'a' if resume_step > 0 else 'w',
@@ -143,6 +148,8 @@ class JsonlSink(Hook):
 
   def write(self, step: int, kind: str, fields: Mapping[str, Any]) -> None:
     """Writes {"step", "kind", **fields} as one line and flushes it."""
+    if self._failed:
+      return   # the file failed (raised once): later records are dropped
     if self._file is None:
       raise ValueError(f'JsonlSink({self.path!r}) is closed')
     record = {'step': int(step), 'kind': kind}
@@ -153,6 +160,8 @@ class JsonlSink(Hook):
       self._file.write(json.dumps(record, allow_nan=False) + '\n')
       self._file.flush()
     except OSError as e:   # a full disk: name the file (the write itself names none)
+      self._failed = True
+      self._close_quietly()   # else close (or the garbage collector) retries the failed flush
       raise OSError(e.errno, e.strerror, self.path) from None
 
   def on_start(self, step, total_steps, config_summary):
@@ -176,6 +185,13 @@ class JsonlSink(Hook):
 
   def on_end(self, summary):
     self.write(self._step, 'end', summary)
+
+  def _close_quietly(self) -> None:
+    file, self._file = self._file, None
+    try:
+      file.close()   # closes the descriptor even when the flush of what is left fails
+    except OSError:
+      pass
 
   def close(self):
     if self._file is not None:
