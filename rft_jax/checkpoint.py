@@ -21,7 +21,9 @@ after a newer one is verified.
 
 Disk. Before saving, free space is compared with the size of the last checkpoint (or the state's
 bytes); too little space, or a write that fails, raises CheckpointSaveError and leaves the earlier
-checkpoints untouched. What to do then is the caller's policy (rft_jax/runs.py).
+checkpoints untouched. What to do then is the caller's policy (rft_jax/runs.py). A failed write is
+said in one line ('No space left on device (<dir>)'), orbax's tracebacks muted
+(rft_jax/checkpoint_errors.py).
 
 Multi-host: every process verifies; process 0 writes manifests and deletes (the directory is
 shared storage, as orbax requires).
@@ -39,6 +41,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
+
+from rft_jax import checkpoint_errors
 
 MANIFEST = 'rft_manifest.json'
 # TrainState fields that may be started afresh when a checkpoint's copy no longer fits (the
@@ -120,6 +124,7 @@ class Checkpointer:
     self.keep = keep
     self.problems: list[str] = []   # checkpoints found broken at open (for the run's log)
     self._primary = jax.process_index() == 0
+    self._quiet = checkpoint_errors.Quiet()
     self._sweep()
     self._manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(
@@ -213,8 +218,9 @@ class Checkpointer:
     if reference is not None:
       args['reference'] = ocp.args.StandardSave(reference)
     try:
-      self._manager.save(step, args=ocp.args.Composite(**args), force=True)
-      self._manager.wait_until_finished()
+      with self._quiet.save():   # orbax's noise muted: a failed write is said below, in one line
+        self._manager.save(step, args=ocp.args.Composite(**args), force=True)
+        self._manager.wait_until_finished()
       step_dir = os.path.join(self.directory, str(step))
       if self._primary:
         manifest = {'step': step, 'files': file_digests(step_dir)}
@@ -226,8 +232,10 @@ class Checkpointer:
         os.replace(tmp, os.path.join(step_dir, MANIFEST))
     except (OSError, ValueError) as e:   # orbax wraps some I/O errors
       self._discard_partial(step)
-      raise CheckpointSaveError(f'writing checkpoint {step} failed: '
-                                f'{type(e).__name__}: {str(e).splitlines()[0]}') from e
+      reason, number = checkpoint_errors.describe(e, self.directory)
+      error = CheckpointSaveError(reason)   # 'No space left on device (<dir>)'
+      error.errno = number
+      raise error from e
     for old in self.all_steps()[:-self.keep] if self.keep else []:
       self.delete(old)
 
@@ -308,7 +316,10 @@ class Checkpointer:
     return like_state.replace(**restored)
 
   def close(self) -> None:
-    self._manager.close()
+    try:
+      self._manager.close()
+    finally:
+      self._quiet.close()
 
 
 def save_params(path: str, params: Any) -> None:

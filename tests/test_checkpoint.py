@@ -1,7 +1,11 @@
 """Tests for rft_jax.checkpoint: TrainState + JSON round trips, retention, standalone params."""
 
+import gc
+import logging
 import os
 import shutil
+import sys
+import types
 
 import jax
 import ml_collections
@@ -12,6 +16,7 @@ import pytest
 
 from rft_jax.algorithms.train_state import TrainState
 from rft_jax import checkpoint
+from rft_jax import checkpoint_errors
 from rft_jax.checkpoint import Checkpointer, load_params, save_params
 
 
@@ -232,6 +237,70 @@ def test_a_failing_write_leaves_no_partial_checkpoint(tmp_path, monkeypatch):
     ckpt.save(2, make_state(2, steps=2), {}, {})
   assert ckpt.all_steps() == [1] and sorted(os.listdir(d)) == ['1']
   ckpt.close()
+
+
+# What orbax raises when tensorstore's write hits a full disk: the first line holds the spec.
+_TENSORSTORE_FULL = ('RESOURCE_EXHAUSTED: Error writing "params/w" in OCDBT database: '
+                     '{"driver": "zarr", "kvstore": {"driver": "ocdbt", "base": "file:///ckpts/'
+                     '2.orbax-checkpoint-tmp/state/"}, "metadata": {"chunks": [16, 8]}}\n'
+                     'Failed to write 8192 bytes to file 4: No space left on device '
+                     "[os_error_code='28']")
+
+
+def test_a_write_failing_on_a_full_disk_is_one_plain_line_without_orbax_tracebacks(
+    tmp_path, monkeypatch, caplog, capfd):
+  """Orbax logged every thread's traceback (1,000+ lines), asyncio its failed tasks, and the
+  message carried the first line of orbax's error, a whole tensorstore spec. Now: one line,
+  'No space left on device (<dir>)', and nothing on the console, then or later."""
+  # orbax's module where its writer threads size each array before writing it
+  from orbax.checkpoint._src.serialization import serialization  # pylint: disable=C0415
+  from rft_jax import runs  # pylint: disable=g-import-not-at-top
+  d = str(tmp_path / 'ckpts')
+  ckpt = Checkpointer(d, keep=2)
+  ckpt.save(1, make_state(1, steps=1), {}, {})
+  unraisable = []
+  monkeypatch.setattr(sys, 'unraisablehook', unraisable.append)
+
+  def full_disk(arr):   # every array orbax writes fails as on a full disk
+    raise ValueError(_TENSORSTORE_FULL)
+  hooks = _Messages()
+  config = ml_collections.ConfigDict({'train': {'min_good_checkpoints': 1, 'steps': 10}})
+  with caplog.at_level('INFO'):
+    with monkeypatch.context() as patch:
+      patch.setattr(serialization, 'estimate_write_memory_footprint', full_disk)
+      with pytest.raises(checkpoint.CheckpointSaveError) as info:
+        ckpt.save(2, make_state(2, steps=2), {}, {})
+      assert not runs.save_checkpoint(config, ckpt, 3, make_state(3, steps=3), {}, {}, hooks)
+    # After it returned, tensorstore's writes of the failed save may still call into orbax's
+    # closed event loop, and asyncio report orbax's futures: muted until close.
+    late = RuntimeError('Event loop is closed')
+    sys.unraisablehook(types.SimpleNamespace(exc_type=RuntimeError, exc_value=late,
+                                             exc_traceback=None, err_msg=None, object=None))
+    logging.getLogger('asyncio').error("Future exception was never retrieved\nfuture: <Future "
+                                       "exception=ValueError('/ckpts/4.orbax-checkpoint-tmp')>")
+    assert ckpt.save(4, make_state(4, steps=4), {}, {}) is None   # a later save works
+    ckpt.close()
+    gc.collect()   # what orbax's failed writes left alive would log now
+  assert str(info.value) == f'No space left on device ({d})' and info.value.errno == 28
+  assert hooks.lines == [f'checkpoint at step 3 NOT saved: No space left on device ({d}); '
+                         'training goes on with 1 good checkpoint(s), the latest at step 1']
+  assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text[:2000]
+  assert capfd.readouterr() == ('', '') and unraisable == []
+  assert ckpt.all_steps() == [1, 4]
+  # Closing ended the muting.
+  assert [logging.getLogger(n).filters for n in ('absl', 'orbax', 'asyncio')] == [[], [], []]
+  assert sys.unraisablehook == unraisable.append
+
+
+@pytest.mark.parametrize('error,reason', [
+    (OSError(5, 'Input/output error', '/d/2/x'), 'Input/output error (/d/2/x)'),
+    (ValueError("UNKNOWN: write failed [os_error_code='122']"), 'Disk quota exceeded (/d)'),
+    (ValueError('RESOURCE_EXHAUSTED: quota\nmore'), 'out of disk space or quota: '
+     'RESOURCE_EXHAUSTED (/d)'),
+    (ValueError('x' * 300 + '\nsecond line'), 'ValueError: ' + 'x' * 200 + '...'),
+])
+def test_a_failed_write_is_said_in_a_few_words(error, reason):
+  assert checkpoint_errors.describe(error, '/d')[0] == reason
 
 
 def test_a_reset_reference_round_trips(tmp_path):

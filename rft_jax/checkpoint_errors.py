@@ -1,0 +1,144 @@
+"""A failed orbax checkpoint write said in one line, and the noise around it muted.
+
+Used by rft_jax/checkpoint.py. On a full disk orbax raises a ValueError whose first line can hold
+a whole tensorstore spec; around it come absl ERROR records with each writer thread's traceback,
+asyncio's 'Task exception was never retrieved' for each failed write task, and tensorstore's
+callbacks into orbax's closed event loop ('RuntimeError: Event loop is closed', through
+sys.unraisablehook): thousands of lines on the console, for one fact. `describe` says the fact;
+`Quiet` mutes the rest, during each save and, once one failed, until the Checkpointer closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gc
+import logging
+import os
+import re
+import sys
+import traceback
+import warnings
+
+_ORBAX = f'{os.sep}orbax{os.sep}'
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)|\[Errno (\d+)\]")   # tensorstore's, Python's
+_LOGGERS = ('absl', 'orbax', 'asyncio')
+
+
+def describe(e: BaseException, where: str) -> tuple[str, int | None]:
+  """What a failed write comes down to, in one short line, and its errno when known.
+
+  An OSError in the exception chain, else an OS error code or 'No space left on device' in its
+  text, is said plainly with the file (or `where`); a bare RESOURCE_EXHAUSTED as running out of
+  space; anything else as its type and first 200 characters.
+  """
+  chain = []
+  while e is not None and e not in chain:
+    chain.append(e)
+    e = e.__cause__ or e.__context__
+  for x in chain:
+    if isinstance(x, OSError) and x.errno:
+      return f'{x.strerror or os.strerror(x.errno)} ({x.filename or where})', x.errno
+  text = ' '.join(str(x) for x in chain)
+  code = _OS_ERROR_CODE.search(text)
+  if code:
+    number = int(code.group(1) or code.group(2))
+    return f'{os.strerror(number)} ({where})', number
+  if 'No space left on device' in text:
+    return f'{os.strerror(errno.ENOSPC)} ({where})', errno.ENOSPC
+  if 'RESOURCE_EXHAUSTED' in text:
+    return f'out of disk space or quota: RESOURCE_EXHAUSTED ({where})', None
+  first = ' '.join(str(chain[0]).split())
+  return f'{type(chain[0]).__name__}: {first[:200]}{"..." if len(first) > 200 else ""}', None
+
+
+class _OrbaxErrorRecords(logging.Filter):
+  """Drops ERROR records logged by orbax, or about its writes (their exception raised through
+  orbax's code, or 'orbax' in the message: asyncio's reports of orbax's futures)."""
+
+  def filter(self, record):
+    if record.levelno != logging.ERROR:
+      return True
+    files = [record.pathname or '']
+    tb = record.exc_info[2] if record.exc_info else None
+    while tb is not None:
+      files.append(tb.tb_frame.f_code.co_filename)
+      tb = tb.tb_next
+    return not (any(_ORBAX in f for f in files) or 'orbax' in record.getMessage())
+
+
+def _closed_loop(unraisable) -> bool:
+  """A tensorstore callback into the event loop of an orbax write that already failed."""
+  return (isinstance(unraisable.exc_value, RuntimeError)
+          and str(unraisable.exc_value) == 'Event loop is closed')
+
+
+class Quiet:
+  """Mutes orbax's noise during each save and, once one failed, until `close` (orbax's threads
+  and tensorstore's writes of a failed save go on failing, and logging, after it returned):
+  its error records (absl and asyncio logging) and the 'Event loop is closed' callbacks
+  (sys.unraisablehook)."""
+
+  def __init__(self):
+    self.failed = False
+    self._records = _OrbaxErrorRecords()
+    self._hook = self._previous = None
+
+  def _start(self) -> None:
+    if self._hook is not None:
+      return
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+      if not _closed_loop(unraisable):
+        previous(unraisable)
+    self._hook, self._previous = hook, previous
+    sys.unraisablehook = hook
+    for name in _LOGGERS:
+      logging.getLogger(name).addFilter(self._records)
+
+  def _stop(self) -> None:
+    if self._hook is None:
+      return
+    for name in _LOGGERS:
+      logging.getLogger(name).removeFilter(self._records)
+    if sys.unraisablehook is self._hook:
+      sys.unraisablehook = self._previous
+    self._hook = self._previous = None
+
+  @contextlib.contextmanager
+  def save(self):
+    """Around one save (orbax's save and wait)."""
+    self._start()
+    try:
+      with warnings.catch_warnings():   # coroutines of the failed write, collected unstarted
+        warnings.filterwarnings('ignore', r"coroutine '.*' was never awaited", RuntimeWarning)
+        try:
+          yield
+        except (OSError, ValueError) as e:
+          self.failed = True
+          _release(e)
+          raise
+    finally:
+      if not self.failed:
+        self._stop()
+
+  def close(self) -> None:
+    """After orbax closed (its threads joined): collects what is left, unmutes."""
+    if self.failed:
+      with warnings.catch_warnings():
+        warnings.filterwarnings('ignore', r"coroutine '.*' was never awaited", RuntimeWarning)
+        gc.collect()
+    self._stop()
+
+
+def _release(e: BaseException) -> None:
+  """Frees what a failed write keeps alive through `e` (orbax's threads hold it: its frames hold
+  the failed asyncio tasks, which log their errors when collected, at any later time): clears
+  the frames of its tracebacks and collects, now that it is muted."""
+  chain = []
+  while e is not None and e not in chain:
+    chain.append(e)
+    traceback.clear_frames(e.__traceback__)
+    e = e.__cause__ or e.__context__
+  gc.collect()
