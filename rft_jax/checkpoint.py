@@ -240,9 +240,12 @@ class Checkpointer:
       self.delete(old)
 
   def _discard_partial(self, step: int) -> None:
-    path = os.path.join(self.directory, str(step))
-    if self._primary and os.path.isdir(path):
-      shutil.rmtree(path, ignore_errors=True)
+    """Removes what a failed save of `step` left: its directory, or orbax's temporary one
+    (`<step>.orbax-checkpoint-tmp`, holding what was written: space a full disk needs back)."""
+    if self._primary and os.path.isdir(self.directory):
+      for name in os.listdir(self.directory):
+        if name == str(step) or name.startswith(f'{step}.orbax-checkpoint-tmp'):
+          shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
     self._manager.reload()
 
   def restore(self, step: int, like_state: Any, shardings: Any = None,
