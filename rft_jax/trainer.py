@@ -320,7 +320,10 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
         runs.preempt(stop, step, hooks, ckpt, workdir)
   except TrainingError:   # halted, non-finite loss, reward failure: keep what explains it
     if mcfg is not None or live_fit.enabled:
-      write_incident_report(config, workdir, incident_log, hooks)
+      try:   # never in place of the error that stopped the run (e.g. on a full disk)
+        write_incident_report(config, workdir, incident_log, hooks)
+      except OSError as e:
+        hooks.on_message(f'incidents.md not written: {e}')
     runs.close_stopped_run(config, workdir, hooks, ckpt)
     raise
   finally:
