@@ -85,9 +85,9 @@ def _check_chat_template(config, tokenizer) -> bool:
 
 def check_setup(config) -> None:
   """What `--validate_only` checks beyond the config, building nothing: the model section
-  against model.path's config.json, its weight files (each opens), the tokenizer (it loads; its vocabulary fits the model) and,
-  for GSM8K, both files of task.manual_dir (every line parsed) and the chat template.
-  SetupError naming the key, file and record."""
+  against model.path's config.json, its weight files (each opens), the tokenizer (it loads; its
+  vocabulary fits the model) and, for GSM8K, both files of task.manual_dir (every line parsed)
+  and the chat template. SetupError naming the key, file and record."""
   model_cfg = model_config(config)   # first: its message lists every field to set
   if config.model.get('path', ''):
     try:   # every weight file opens (a download cut short fails here, not at load)
