@@ -1,0 +1,90 @@
+"""workdir/config.json: the config of a run's latest invocation, and the check that a later
+invocation continues the same run (its recipe, model and algorithm)."""
+import json
+import os
+
+import jax
+
+from rft_jax import components
+
+
+RUN_CONFIG = 'config.json'
+# What the workdir's checkpoints are shaped by, so a resume must keep it: the recipe, the model
+# (but not its compute options, nor where its files are) and the algorithm's state-defining
+# choices. Everything else (train.steps, the learning rate, telemetry, the monitor) may change
+# between invocations.
+_RUN_IDENTITY = ('name', 'model.', 'algo.advantage', 'algo.loss', 'algo.critic')
+_MAY_CHANGE = ('model.dtype', 'model.remat', 'model.scan_layers', 'model.path')
+
+
+def _config_json(config) -> dict:
+  """config.to_dict() as JSON holds it (values JSON cannot hold become strings)."""
+  return json.loads(json.dumps(config.to_dict(), default=str))
+
+
+def _flat(d: dict, prefix: str = '') -> dict:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f'{prefix}{k}.'))
+    else:
+      out[f'{prefix}{k}'] = v
+  return out
+
+
+def check_workdir_config(config, workdir: str,
+                         advice: str = 'resume it with the config that started it, or use a new '
+                         '--workdir') -> None:
+  """Refuses to continue a workdir that another recipe, model or algorithm wrote (then
+  record_workdir_config records the config of a run that opened).
+
+  workdir/config.json is written each time a run opens the workdir (JSON of config.to_dict();
+  values JSON cannot hold are written as strings). A later invocation whose recipe name, model
+  section (except dtype, remat, scan_layers, path) or algo.advantage/loss/critic differ raises
+  SetupError naming the first differing key, before any checkpoint is touched: restoring would
+  fail on shapes (and used to set good checkpoints aside as unusable) or silently continue one
+  algorithm's run with another's. A workdir without config.json (written by an older rft_jax) is
+  not checked and gets one. model.path may change (a moved directory; recorded absolute, the
+  same directory reached by another relative path would read as another); the weights it holds
+  are checked by initial_policy.check.
+  """
+  path = os.path.join(workdir, RUN_CONFIG)
+  if os.path.isfile(path):
+    try:
+      with open(path, encoding='utf-8') as f:
+        theirs = _flat(json.load(f))
+    except (OSError, ValueError) as e:
+      raise components.SetupError(f'{path}: unreadable ({type(e).__name__}: {e}); it records '
+                                  'the config this workdir was started with') from None
+    flat = _flat(_config_json(config))
+    for key in sorted(set(flat) | set(theirs), key=lambda k: (k != 'name', k)):   # name first
+      if not key.startswith(_RUN_IDENTITY) or key in _MAY_CHANGE:
+        continue
+      if flat.get(key) != theirs.get(key):
+        raise components.SetupError(
+            f'config.{key}={flat.get(key)!r} does not match the run in {workdir} '
+            f'({theirs.get(key)!r} in its {RUN_CONFIG}): {advice}')
+
+
+# Config keys that name files: recorded as absolute paths, so that api.open_run(workdir) finds
+# them from any directory.
+_PATH_KEYS = ('tokenizer.path', 'init_from', 'model.path', 'task.data_dir', 'task.manual_dir')
+
+
+def record_workdir_config(config, workdir: str) -> None:
+  """Writes workdir/config.json (see check_workdir_config): this invocation's config, so the
+  latest train.steps, mesh, ...; file paths made absolute (_PATH_KEYS)."""
+  if jax.process_index() != 0:
+    return
+  record = _config_json(config)
+  for key in _PATH_KEYS:
+    section, _, name = key.rpartition('.')
+    holder = record.get(section, {}) if section else record
+    if isinstance(holder, dict) and isinstance(holder.get(name), str) and holder[name]:
+      holder[name] = os.path.abspath(os.path.expanduser(holder[name]))
+  path = os.path.join(workdir, RUN_CONFIG)
+  os.makedirs(workdir, exist_ok=True)
+  tmp = path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    json.dump(record, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
