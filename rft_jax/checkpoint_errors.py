@@ -25,6 +25,23 @@ _OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)|\[Errno (\d+)\]")   # tensor
 _LOGGERS = ('absl', 'orbax', 'asyncio')
 
 
+def _chain(e: BaseException | None) -> list[BaseException]:
+  """e, its cause (or context), that one's, ... (each once)."""
+  chain = []
+  while e is not None and e not in chain:
+    chain.append(e)
+    e = e.__cause__ or e.__context__
+  return chain
+
+
+@contextlib.contextmanager
+def _unawaited_coroutines_ignored():
+  """A failed write's coroutines, collected unstarted, warn 'never awaited': not news."""
+  with warnings.catch_warnings():
+    warnings.filterwarnings('ignore', r"coroutine '.*' was never awaited", RuntimeWarning)
+    yield
+
+
 def describe(e: BaseException, where: str) -> tuple[str, int | None]:
   """What a failed write comes down to, in one short line, and its errno when known.
 
@@ -32,10 +49,7 @@ def describe(e: BaseException, where: str) -> tuple[str, int | None]:
   text, is said plainly with the file (or `where`); a bare RESOURCE_EXHAUSTED as running out of
   space; anything else as its type and first 200 characters.
   """
-  chain = []
-  while e is not None and e not in chain:
-    chain.append(e)
-    e = e.__cause__ or e.__context__
+  chain = _chain(e)
   for x in chain:
     if isinstance(x, OSError) and x.errno:
       return f'{x.strerror or os.strerror(x.errno)} ({x.filename or where})', x.errno
@@ -111,8 +125,7 @@ class Quiet:
     """Around one save (orbax's save and wait)."""
     self._start()
     try:
-      with warnings.catch_warnings():   # coroutines of the failed write, collected unstarted
-        warnings.filterwarnings('ignore', r"coroutine '.*' was never awaited", RuntimeWarning)
+      with _unawaited_coroutines_ignored():
         try:
           yield
         except (OSError, ValueError) as e:
@@ -126,8 +139,7 @@ class Quiet:
   def close(self) -> None:
     """After orbax closed (its threads joined): collects what is left, unmutes."""
     if self.failed:
-      with warnings.catch_warnings():
-        warnings.filterwarnings('ignore', r"coroutine '.*' was never awaited", RuntimeWarning)
+      with _unawaited_coroutines_ignored():
         gc.collect()
     self._stop()
 
@@ -136,9 +148,6 @@ def _release(e: BaseException) -> None:
   """Frees what a failed write keeps alive through `e` (orbax's threads hold it: its frames hold
   the failed asyncio tasks, which log their errors when collected, at any later time): clears
   the frames of its tracebacks and collects, now that it is muted."""
-  chain = []
-  while e is not None and e not in chain:
-    chain.append(e)
-    traceback.clear_frames(e.__traceback__)
-    e = e.__cause__ or e.__context__
+  for x in _chain(e):
+    traceback.clear_frames(x.__traceback__)
   gc.collect()

@@ -225,7 +225,6 @@ def choose_mesh(config, num_devices: int | None = None,
     device_bytes = memory.device_memory_bytes()
   model_cfg = components.model_config(config)
   checks, sizes = _recipe_batches(config)
-  sample_rows = sizes.pop('sample_rows')
   candidates = [(n, 1, 1)] + [(1, n // t, t) for t in (1, 2, 4, 8) if n % t == 0]
   seen = []
   for shape in candidates:
@@ -235,9 +234,7 @@ def choose_mesh(config, num_devices: int | None = None,
       continue
     if any(rows % (shape[0] * shape[1] * multiple) for rows, multiple, _ in checks):
       continue
-    est = memory.estimate(model_cfg, shape, **sizes)   # its KV cache: the rows sampled
-    kv_cache = memory.kv_cache_bytes(model_cfg, shape, sample_rows, sizes['seq_len'])
-    est = dataclasses.replace(est, kv_cache=kv_cache)
+    est = memory.estimate(model_cfg, shape, **sizes)
     seen.append((est.peak, shape))
     if device_bytes is None or est.peak <= 0.9 * device_bytes:
       return dict(zip(('data', 'fsdp', 'tensor'), shape))

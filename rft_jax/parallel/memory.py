@@ -133,15 +133,18 @@ def activation_bytes(model_cfg: ModelConfig, mesh, rows: int, seq_len: int,
 
 
 def estimate(model_cfg: ModelConfig, mesh, *, rows: int, seq_len: int, microbatches: int = 1,
-             reference: bool = False, sampling_layout: str = 'train') -> MemoryEstimate:
-  """Per-device MemoryEstimate for B = rows sampled and trained rows of seq_len tokens."""
+             reference: bool = False, sampling_layout: str = 'train',
+             sample_rows: int | None = None) -> MemoryEstimate:
+  """Per-device MemoryEstimate for B = rows trained rows of seq_len tokens, sample_rows of them
+  sampled with a KV cache (default: all rows; 0 for a recipe that does not sample, e.g. SFT)."""
   p = param_bytes(model_cfg, mesh)
   sampling = (param_bytes(model_cfg, {**_mesh_sizes(mesh), 'fsdp': 1})
               if sampling_layout == 'no_fsdp' else 0)
   return MemoryEstimate(
       params=p, optimizer=2 * p, reference=p if reference else 0,
       grads=p * (2 if microbatches > 1 else 1),
-      kv_cache=kv_cache_bytes(model_cfg, mesh, rows, seq_len),
+      kv_cache=kv_cache_bytes(model_cfg, mesh, rows if sample_rows is None else sample_rows,
+                              seq_len),
       activations=activation_bytes(model_cfg, mesh, rows, seq_len, microbatches),
       sampling_weights=sampling)
 

@@ -17,6 +17,7 @@ apart, which null would not). `read_jsonl` turns them back into floats.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import io
 import json
@@ -240,6 +241,7 @@ def _summary_writer_class():
   return importlib.import_module('tensorboardX').SummaryWriter
 
 
+@functools.lru_cache(maxsize=None)   # a few hundred metric names, each step
 def tensorboard_tag(name: str) -> str:
   """The TensorBoard tag of a metric name. A tag holds letters, digits and '_-./' only: '@'
   becomes '_at_' ('eval/mean@8_acc' -> 'eval/mean_at_8_acc'), any other such character '_', and
