@@ -299,6 +299,14 @@ def finish_complete_run(config, workdir, opened) -> dict:
   return finish_run(config, workdir, summary, hooks, ckpt, plot=False)
 
 
+def ensure_final_eval(meta: dict, evaluate, params, hooks, total: int) -> None:
+  """meta['final_eval'] for a run resumed with train.steps at its checkpoint's step, where the
+  loop ran no step (and so no last-step eval): evaluated now."""
+  if 'final_eval' not in meta:
+    meta['final_eval'] = evaluate(params)
+    hooks.on_eval(total, meta['final_eval'])
+
+
 def draw_plot(config, workdir, hooks) -> None:
   """run.png from metrics.jsonl (process 0, config.telemetry.plot); with config.telemetry.jsonl
   off there is none (a message says so)."""

@@ -81,9 +81,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
     raise
   finally:
     stop.restore()
-  if 'final_eval' not in meta:   # resumed at train.steps from a checkpoint of a longer run
-    meta['final_eval'] = evaluator(state.params)
-    hooks.on_eval(total, meta['final_eval'])
+  runs.ensure_final_eval(meta, evaluator, state.params, hooks, total)
   summary = runs.make_summary(config, meta['base_eval'], meta['final_eval'], total,
                                  wall_before + time.time() - t_start)
   return runs.finish_run(config, workdir, summary, hooks, ckpt)

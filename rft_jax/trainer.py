@@ -331,9 +331,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
     runner.close()
   if mcfg is not None or live_fit.enabled:
     write_incident_report(config, workdir, incident_log, hooks)
-  if 'final_eval' not in meta:   # resumed at train.steps from a checkpoint of a longer run
-    meta['final_eval'] = evaluator(state.params)
-    hooks.on_eval(total, meta['final_eval'])
+  runs.ensure_final_eval(meta, evaluator, state.params, hooks, total)
   summary = runs.make_summary(config, meta['base_eval'], meta['final_eval'], total,
                               wall_before + time.time() - t_start)
   summary['incidents'] = sum(e['kind'] == 'incident' for e in incident_log.entries)
