@@ -201,7 +201,7 @@ class Remediator:
                        'action': w.action, 'score_at_action': w.score_at_action,
                        'score_now': now, 'health_before': w.health_before,
                        'health_now': health_now, 'helped': fell and recovered,
-                       'escalations': w.escalations})
+                       'score_fell': fell, 'escalations': w.escalations})
       if w.action in ('skip_batch', 'warn_only'):
         continue
       if not fell:

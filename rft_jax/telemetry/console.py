@@ -168,10 +168,6 @@ class ConsoleSink(Hook):
     self._stop_progress()
 
 
-def _less(a, b) -> bool:
-  return isinstance(a, (int, float)) and isinstance(b, (int, float)) and a < b
-
-
 def describe_incident(step: int, incident: Mapping[str, Any]) -> str:
   """One line for a monitor incident or remediation action."""
   kind = incident.get('kind', 'incident')
@@ -179,9 +175,8 @@ def describe_incident(step: int, incident: Mapping[str, Any]) -> str:
     action = incident.get('action')
     if incident.get('escalations'):
       action = f"{action} (escalated {incident['escalations']}x)"
-    fell = _less(incident.get('score_now'), incident.get('score_at_action'))
     outcome = ('helped' if incident.get('helped') else
-               'did not help: the reward has not recovered' if fell else
+               'did not help: the reward has not recovered' if incident.get('score_fell') else
                'did not help: the score did not fall')
     return (f"step {step}: verdict on {action} for {incident.get('signature')}: {outcome} (score "
             f"{format_value(incident.get('score_at_action'))} -> "
