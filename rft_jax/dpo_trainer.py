@@ -220,10 +220,10 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       t1 = time.time()
       state, metrics = step_fn(state, batch)
       metrics = {k: float(v) for k, v in jax.device_get({**metrics, **extra}).items()}
-      runs.check_finite(metrics, step, ckpt, workdir)   # loss, gradient, parameters
       meta['pairs_total'] = meta.get('pairs_total', 0.0) + metrics['pairs']
       metrics.update({'time/step_s': time.time() - t0, 'time/train_s': time.time() - t1})
-      hooks.on_step(step, metrics)
+      hooks.on_step(step, metrics)   # a non-finite step is logged first: its values show why
+      runs.check_finite(metrics, step, ckpt, workdir)   # loss, gradient, parameters
       last = step == total
       if step % config.train.eval_every == 0 or last:
         result = evaluator(state.params)

@@ -92,7 +92,8 @@ class StopRequest:
 
 def check_finite(metrics: dict, step: int, ckpt: Checkpointer, workdir: str,
                  stop_on_loss: bool = True) -> str:
-  """Stops the run (TrainingError, before anything of this step is logged or saved) when the
+  """Stops the run (TrainingError; callers log the step first, so its values show the cause,
+  and call this before anything of the step is saved or evaluated) when the
   parameters are no longer finite ('param_norm': every later step would train on garbage, and
   its checkpoints would replace the good ones), or, with stop_on_loss (no failure monitor), when
   the loss or the gradient norm is not. Returns what was not finite ('' if all was), for the

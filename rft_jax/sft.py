@@ -60,11 +60,11 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       batch = {k: hostdata.place(raw[k], batch_sh) for k in ('tokens', 'mask', 'loss_mask')}
       state, metrics = step_fn(state, batch)
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      runs.check_finite(metrics, step, ckpt, workdir)   # loss, gradient, parameters
       dt = time.time() - t0
       metrics.update({'time/step_s': dt,
                       'throughput/tokens_per_s': float(np.asarray(raw['mask']).sum()) / dt})
-      hooks.on_step(step, metrics)
+      hooks.on_step(step, metrics)   # a non-finite step is logged first: its values show why
+      runs.check_finite(metrics, step, ckpt, workdir)   # loss, gradient, parameters
       if step % config.train.eval_every == 0 or step == total:
         result = evaluator(state.params)
         hooks.on_eval(step, result)

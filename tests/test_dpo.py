@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs import dpo_arith, grpo_arith, online_dpo_arith
-from rft_jax import components, dpo_trainer
+from rft_jax import components, dpo_trainer, runs
 from rft_jax import config as config_lib
 from rft_jax import main as main_lib
 from rft_jax.algorithms import dpo
@@ -178,6 +178,23 @@ def test_online_dpo_runs_and_counts_pairs(tmp_path):
     assert row['pairs/step'] + row['pairs/skipped_prompts'] == 8   # prompts_per_step
     assert row['pairs'] == row['pairs/step'] and 'rewards/accuracies' in row
   assert summary['dpo_mode'] == 'online' and summary['pairs_per_step'] > 0
+
+
+def test_offline_dpo_stops_on_non_finite_parameters_and_logs_that_step(tmp_path):
+  """An absurd learning rate, warmed up over 4 steps: the run stops at the first step whose
+  parameters (or loss or gradient) are not finite (step 2 here: the parameters' norm
+  overflows), with that step in metrics.jsonl (its values show the cause) and nothing of it
+  saved: the last checkpoint is the step before."""
+  config = tiny(**{'train.steps': 6, 'train.ckpt_every': 1, 'optim.lr': 1e18,
+                   'optim.warmup_steps': 4})
+  with pytest.raises(runs.TrainingError, match='no longer finite|non-finite') as stopped:
+    dpo_trainer.run(config, str(tmp_path))
+  bad_step = int(re.search(r'(?:after|at) step (\d+)', str(stopped.value)).group(1))
+  rows = train_rows(str(tmp_path))
+  assert bad_step > 1 and max(rows) == bad_step
+  assert not all(np.isfinite(rows[bad_step][k]) for k in ('loss', 'grad_norm', 'param_norm'))
+  saved = sorted(int(d) for d in os.listdir(tmp_path / 'checkpoints') if d.isdigit())
+  assert saved and max(saved) == bad_step - 1
 
 
 # --- config ----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """End-to-end runs of the RL loop: learning on an easy reward, exact resume, run-complete."""
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -275,9 +276,14 @@ def test_sft_stops_on_non_finite_parameters(tmp_path):
   config.telemetry.tensorboard = False
   config.update_from_flattened_dict({'train.steps': 6, 'train.ckpt_every': 1,
                                      'optim.lr': 1e25, 'optim.warmup_steps': 0})
-  with pytest.raises(runs.TrainingError, match='no longer finite|non-finite'):
+  with pytest.raises(runs.TrainingError, match='no longer finite|non-finite') as stopped:
     sft.run(config, str(tmp_path))
   assert os.path.exists(tmp_path / 'run.png')   # the steps it ran, drawn on the way out
+  # The failing step is logged before the run stops (as GRPO does): its values show the cause.
+  bad_step = int(re.search(r'(?:after|at) step (\d+)', str(stopped.value)).group(1))
+  last = read_jsonl(str(tmp_path / 'metrics.jsonl'), kind='train')[-1]
+  assert last['step'] == bad_step
+  assert not all(np.isfinite(last[k]) for k in ('loss', 'grad_norm', 'param_norm')), last
 
 
 def test_a_plot_that_cannot_be_written_does_not_fail_a_finished_run(tmp_path, monkeypatch):
