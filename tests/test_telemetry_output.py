@@ -11,6 +11,7 @@ from tensorboardX.proto import event_pb2
 
 from rft_jax.telemetry import hooks as hooks_lib
 from rft_jax.telemetry import plot as plot_lib
+from rft_jax.telemetry import records as records_lib
 from rft_jax.telemetry import sinks
 from test_telemetry import REPO, _read_tfrecords
 
@@ -86,18 +87,18 @@ def test_final_trajectory_keeps_the_redone_steps_in_step_order():
                 {'step': 10, 'kind': 'message', 'text': 'restored'}]
              + [_train(s, 2.0) for s in range(6, 13)]
              + [{'step': 12, 'kind': 'eval', 'eval/greedy_acc': 0.3}])
-  final = plot_lib.final_trajectory(records)
+  final = records_lib.final_trajectory(records)
   assert [(r['kind'], r['step']) for r in final] == (
       [('eval', 0)] + [('train', s) for s in range(1, 13)] + [('eval', 12)])
   assert [r['reward/mean'] for r in final if r['kind'] == 'train'] == [1.0] * 5 + [2.0] * 7
   # A redo that has not reached the abandoned steps yet: those are dropped too.
   partial = [_train(s, 1.0) for s in range(1, 11)] + [_train(s, 2.0) for s in (6, 7, 8)]
-  assert [(r['step'], r['reward/mean']) for r in plot_lib.final_trajectory(partial)] == (
+  assert [(r['step'], r['reward/mean']) for r in records_lib.final_trajectory(partial)] == (
       [(s, 1.0) for s in range(1, 6)] + [(s, 2.0) for s in (6, 7, 8)])
   # Two rewinds, the second to before the first's restore point.
   twice = ([_train(s, 1.0) for s in range(1, 9)] + [_train(s, 2.0) for s in range(5, 10)]
            + [_train(s, 3.0) for s in range(3, 11)])
-  assert [(r['step'], r['reward/mean']) for r in plot_lib.final_trajectory(twice)] == (
+  assert [(r['step'], r['reward/mean']) for r in records_lib.final_trajectory(twice)] == (
       [(1, 1.0), (2, 1.0)] + [(s, 3.0) for s in range(3, 11)])
 
 

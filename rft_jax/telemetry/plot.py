@@ -19,6 +19,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rft_jax.telemetry.records import final_trajectory
 from rft_jax.telemetry.sinks import read_jsonl
 
 _RAW_ALPHA = 0.35
@@ -264,35 +265,12 @@ def plot_records(train: Sequence[Mapping[str, Any]], png_path: str | os.PathLike
   fig.savefig(png_path, dpi=110, format='png')
 
 
-def final_trajectory(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-  """The train and eval records of the run's final trajectory, in step order.
-
-  After an `auto` remediation restores a checkpoint, metrics.jsonl holds the abandoned steps
-  and then the same steps again: a train record whose step is not past the last train step
-  starts a redo, and what was logged before it for that step or a later one is dropped. So
-  of several records of one step the last is kept, and abandoned steps the redo has not
-  reached yet are dropped too. Other kinds of records (incidents, actions) are not returned.
-  """
-  kept: list[Mapping[str, Any]] = []
-  last_train = -math.inf
-  for record in records:
-    kind, step = record.get('kind'), record.get('step', 0)
-    if kind not in ('train', 'eval'):
-      continue
-    if kind == 'train':
-      if step <= last_train:
-        kept = [r for r in kept if r.get('step', 0) < step]
-      last_train = step
-    kept.append(record)
-  return sorted(kept, key=lambda r: r.get('step', 0))   # stable: eval after train of a step
-
-
 def plot_run(jsonl_path: str | os.PathLike, png_path: str | os.PathLike,
              title: str = '', incidents: Sequence[Mapping[str, Any]] = (),
              remediations: Sequence[Mapping[str, Any]] = ()) -> None:
   """Renders the 2x3 summary grid of a run's metrics.jsonl to `png_path`.
 
-  Train and eval records are those of the final trajectory (`final_trajectory`: steps
+  Train and eval records are those of the final trajectory (`records.final_trajectory`: steps
   abandoned by a remediation rewind are left out). Records of kind 'incident' and of kind
   'action' (remediation actions; 'remediation' is accepted too) in the JSONL, as the trainer
   writes them, all of them, are marked on the train panels together with any passed in
