@@ -6,7 +6,7 @@ The same code as the command line (`python -m rft_jax.main`, which is a thin lay
   from rft_jax import api
   config = api.load_config('grpo_arith:tiny', {'train.steps': 8})   # or configs/x.py[:arg]
   run = api.train(config)                    # progress bar in a terminal or a notebook
-  run.history[-1]['reward/mean']             # one dict per step, as in metrics.jsonl
+  run.history[-1]['reward/mean']             # one dict per step (its last record in metrics.jsonl)
   run.evals, run.incidents, run.summary      # held-out evals, monitor incidents, summary.json
   api.sample(run.policy, ['12+7='], n=4)     # -> [['19', '19', '18', '19']]
   api.evaluate(run.policy)                   # -> {'eval/greedy_acc': ..., 'eval/mean@K_acc': ...}
@@ -36,6 +36,7 @@ from rft_jax import config as config_lib
 from rft_jax.config import ConfigError
 from rft_jax.policy import Policy, choose_mesh, evaluate, load_policy, sample  # noqa: F401
 from rft_jax.telemetry.hooks import Hook
+from rft_jax.telemetry.records import final_trajectory
 
 # Also attributes, loaded on use (they import JAX): SetupError, TrainingError, Preempted.
 __all__ = ['load_config', 'train', 'open_run', 'Run', 'Recorder', 'Policy', 'load_policy',
@@ -284,9 +285,12 @@ def _read_records(path: str) -> list[dict[str, Any]]:
 class Run:
   """A run's record: every telemetry event, the summary, and (loaded on use) its policy.
 
-  records: metrics.jsonl's records in order ({'step', 'kind', ...}; kinds 'start', 'train',
-  'eval', 'message', 'incident', 'action', 'verdict', 'end'). Steps re-run after a remediation
-  rewind appear twice in `history`, in the order they ran.
+  records: the full log, metrics.jsonl's records in file order ({'step', 'kind', ...}; kinds
+  'start', 'train', 'eval', 'message', 'incident', 'action', 'verdict', 'end'). After a
+  remediation rewind (monitor.mode='auto') it holds the abandoned steps and then the redone ones.
+  `history`, `evals` and `series` are the run's final trajectory instead
+  (`telemetry.records.final_trajectory`): one record per step, the last logged, in step order,
+  the abandoned steps dropped. `incidents`, `actions` and `messages` are every one logged.
   """
   config: ml_collections.ConfigDict | None
   workdir: str
@@ -295,19 +299,27 @@ class Run:
   mesh_from_record: bool = False   # config.mesh is the run's, maybe for other devices than here
 
   def _kind(self, *kinds: str) -> list[dict[str, Any]]:
+    """The records of `kinds` in the full log, in file order."""
     return [r for r in self.records if r.get('kind') in kinds]
+
+  def _final(self, kind: str) -> list[dict[str, Any]]:
+    """The records of `kind` ('train' or 'eval') of the final trajectory, in step order."""
+    return [r for r in final_trajectory(self.records) if r.get('kind') == kind]
 
   @property
   def history(self) -> list[dict[str, Any]]:
-    """One dict per step (rollout batch; with algo.updates_per_batch > 1 several optimiser
-    updates, the update metrics from the last): 'step' and its metrics ('reward/mean', ...)."""
-    return self._kind('train')
+    """One dict per step of the final trajectory, in step order (rollout batch; with
+    algo.updates_per_batch > 1 several optimiser updates, the update metrics from the last):
+    'step' and its metrics ('reward/mean', ...). A step re-run after a remediation rewind is
+    there once, as re-run; the full log, abandoned steps included, is `records`."""
+    return self._final('train')
 
   @property
   def evals(self) -> list[dict[str, Any]]:
-    """Held-out evaluations: step 0 has 'eval/base_*' keys, later ones 'eval/greedy_acc' and
-    'eval/mean@K_acc'."""
-    return self._kind('eval')
+    """Held-out evaluations of the final trajectory, in step order: step 0 has 'eval/base_*'
+    keys, later ones 'eval/greedy_acc' and 'eval/mean@K_acc'. An eval of a step abandoned by
+    a remediation rewind is left out (it is in `records`)."""
+    return self._final('eval')
 
   @property
   def incidents(self) -> list[dict[str, Any]]:
@@ -324,8 +336,11 @@ class Run:
     return [r['text'] for r in self._kind('message')]
 
   def series(self, key: str, kind: str = 'train') -> tuple[list[int], list[float]]:
-    """(steps, values) of one metric over the records of `kind` that have it."""
-    rows = [r for r in self._kind(kind) if key in r]
+    """(steps, values) of one metric over the records of `kind` that have it: for 'train' and
+    'eval' those of `history` / `evals` (the final trajectory, each step once), for another
+    kind every one in the full log, in file order."""
+    rows = [r for r in (self._final(kind) if kind in ('train', 'eval') else self._kind(kind))
+            if key in r]
     return [r['step'] for r in rows], [r[key] for r in rows]
 
   @functools.cached_property

@@ -229,6 +229,40 @@ def test_recorder_keeps_what_the_jsonl_sink_writes(tmp_path):
                for k in have)
 
 
+def test_a_rewound_run_reads_as_its_final_trajectory(tmp_path):
+  """metrics.jsonl after an `auto` remediation rewind: train 1..6 with evals at 4 and 6, the
+  incident and the restore, then 5..8 again (other values) and an eval at 8. history/evals/
+  series are each step once as re-run, the abandoned eval at 6 dropped; records, incidents and
+  actions keep the whole log."""
+  lines = ([{'step': 0, 'kind': 'start', 'total_steps': 8},
+            {'step': 0, 'kind': 'eval', 'eval/base_greedy_acc': 0.1}]
+           + [{'step': s, 'kind': 'train', 'loss': 1.0 * s} for s in range(1, 5)]
+           + [{'step': 4, 'kind': 'eval', 'eval/greedy_acc': 0.4}]
+           + [{'step': s, 'kind': 'train', 'loss': 1.0 * s} for s in (5, 6)]
+           + [{'step': 6, 'kind': 'eval', 'eval/greedy_acc': 0.6},
+              {'step': 6, 'kind': 'incident', 'fault_class': 'kl_explosion', 'onset_step': 5},
+              {'step': 6, 'kind': 'action', 'action': 'lower_lr'},
+              {'step': 6, 'kind': 'message', 'text': 'remediation: restored step 4'}]
+           + [{'step': s, 'kind': 'train', 'loss': 10.0 * s} for s in (5, 6, 7, 8)]
+           + [{'step': 8, 'kind': 'eval', 'eval/greedy_acc': 0.8},
+              {'step': 8, 'kind': 'end', 'steps': 8}])
+  with open(tmp_path / 'metrics.jsonl', 'w') as f:
+    f.write(''.join(json.dumps(line) + '\n' for line in lines))
+  run = api.open_run(str(tmp_path))
+  want_loss = [1.0, 2.0, 3.0, 4.0, 50.0, 60.0, 70.0, 80.0]
+  assert [(r['step'], r['loss']) for r in run.history] == list(zip(range(1, 9), want_loss))
+  assert [r['step'] for r in run.evals] == [0, 4, 8]
+  assert run.series('loss') == (list(range(1, 9)), want_loss)
+  assert run.series('eval/greedy_acc', kind='eval') == ([4, 8], [0.4, 0.8])
+  assert [r['step'] for r in run.records if r['kind'] == 'train'] == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]
+  assert [r['step'] for r in run.records if r['kind'] == 'eval'] == [0, 4, 6, 8]
+  assert [i['fault_class'] for i in run.incidents] == ['kl_explosion']
+  assert [a['action'] for a in run.actions] == ['lower_lr']
+  assert run.messages == ['remediation: restored step 4']
+  assert run.series('onset_step', kind='incident') == ([6], [5])
+  assert 'steps=8, evals=3, incidents=1' in repr(run)
+
+
 def test_train_leaves_the_config_alone(trained):
   config, before, run = trained
   assert config.to_dict() == before

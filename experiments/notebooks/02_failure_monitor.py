@@ -174,7 +174,9 @@ plot_incidents(run_warn, 'warn')
 # The run restores the checkpoint before the onset, applies the action for the fault class
 # (for a gradient explosion or a reward collapse: a lower learning rate), watches
 # `monitor.watch_steps` steps and escalates or undoes it. The steps after the restored checkpoint
-# run again, so `run.history` holds some step numbers twice, in the order they ran.
+# run again: `run.records` (the whole log) holds some step numbers twice, in the order they ran,
+# while `run.history` and `run.series` are the final trajectory (each step once, as re-run), as
+# in the run's `run.png`.
 
 # %%
 run_auto = api.train(faulty_config('auto'))
@@ -203,8 +205,8 @@ for name, run in (('warn', run_warn), ('auto', run_auto)):
   s = run.summary
   print(f"{name:5s} incidents {s['incidents']}  held-out greedy accuracy "
         f"{s['base_greedy_acc']:.1%} -> {s['final_greedy_acc']:.1%}  "
-        f"({len(run.history)} steps run, re-runs after a restore included, for {s['steps']} "
-        f"RL steps: {s['optim_updates']} optimiser updates)")
+        f"({sum(r['kind'] == 'train' for r in run.records)} steps run, re-runs after a "
+        f"restore included, for {s['steps']} RL steps: {s['optim_updates']} optimiser updates)")
 
 # %% [markdown]
 # To try another fault, change `FAULT` (e.g. `{'type': 'eos_ignored', 'onset_step': 20,
