@@ -264,6 +264,47 @@ def test_cli_fit_computes_flops_from_the_runs_own_config(tmp_path, capsys):
   assert 'at least 20 bootstrap replicates' in capsys.readouterr().err
 
 
+def write_rewound_run(path, *, with_flops=True):
+  """metrics.jsonl after an `auto` remediation rewind: train 1..6 with evals at 4 and 6, then
+  5..8 again and an eval at 8. The logged cumulative compute counts every train record (1e14
+  each), the re-run ones too, as the trainer's step_compute does."""
+  lines = [{'step': 0, 'kind': 'start', 'total_steps': 8, 'config': {'recipe': 'grpo_arith'}},
+           {'step': 0, 'kind': 'eval', 'eval/base_greedy_acc': 0.1}]
+  done = 0
+  def train(step):
+    nonlocal done
+    done += 1
+    rec = {'step': step, 'kind': 'train', 'response/len_mean': 3.0}
+    if with_flops:
+      rec['compute/flops_cumulative'] = done * 1e14
+    lines.append(rec)
+  for step in range(1, 7):
+    train(step)
+    if step in (4, 6):
+      lines.append({'step': step, 'kind': 'eval', 'eval/greedy_acc': step / 10})
+  lines.append({'step': 6, 'kind': 'incident', 'fault_class': 'kl_explosion', 'onset_step': 5})
+  for step in range(5, 9):
+    train(step)
+  lines.append({'step': 8, 'kind': 'eval', 'eval/greedy_acc': 0.85})
+  with open(path, 'w') as f:
+    f.write(''.join(json.dumps(line) + '\n' for line in lines))
+
+
+def test_load_run_fits_the_final_trajectory_at_all_the_compute_spent(tmp_path):
+  """After a rewind the abandoned eval (step 6) is not a point; the eval at 8 is at the compute
+  of the 10 train steps that ran (1..6, then 5..8 again), logged or summed from the recipe."""
+  write_rewound_run(tmp_path / 'metrics.jsonl')
+  data = cli.load_run(str(tmp_path / 'metrics.jsonl'), None, None)
+  assert data['metric'] == 'eval/greedy_acc' and data['R0'] == 0.1
+  assert data['step'] == [4, 8] and data['value'] == [0.4, 0.85]
+  assert data['compute'] == [4e14, 10e14]
+  write_rewound_run(tmp_path / 'metrics.jsonl', with_flops=False)
+  data = cli.load_run(str(tmp_path / 'metrics.jsonl'), None, 'configs/grpo_arith.py')
+  per_step = flops.step_flops_from_config(grpo_arith.get_config(), 3.0)['total']
+  assert data['step'] == [4, 8] and data['value'] == [0.4, 0.85]
+  assert data['compute'] == pytest.approx([4 * per_step, 10 * per_step])
+
+
 def test_cli_fit_reports_a_short_run_and_a_missing_dir(tmp_path, capsys):
   write_run(tmp_path / 'short', evals=3)
   assert cli.main(['fit', str(tmp_path / 'short')]) == 2

@@ -7,16 +7,21 @@
 
 `fit` reads each RUN_DIR/metrics.jsonl (or a metrics.jsonl path). The curve's y is an eval
 accuracy (`eval/mean@K_acc` if logged, else `eval/greedy_acc`; `--metric` picks another), its x
-the cumulative training FLOPs at each eval step, the base model's eval (step 0) giving R0 at
+the cumulative training FLOPs spent up to that eval, the base model's eval (step 0) giving R0 at
 C = 0. Compute, in this order of preference:
-  1. the logged `compute/flops_cumulative` train metric (the value at the eval's step);
+  1. the logged `compute/flops_cumulative` train metric (of the last train record before the
+     eval: its step's, as re-run after a rewind);
   2. else summed per step from the recipe with rft_jax.telemetry.flops.step_flops_from_config
      and each step's logged `response/len_mean` (max_new_tokens if not logged). The config is
      `--config FILE[:ARG]`, else the run's own `config.json` (the config it ran with,
      overrides included), else configs/<recipe>.py for the recipe named in the log's start
      record (a log without its run directory; overrides unknown).
-Every train record counts, in file order, so steps re-run after a remediation rewind are
-compute spent too. The fit is ScaleRL's sigmoid (default) and/or the power law in 1 - acc
+After a remediation rewind (monitor.mode='auto') the log holds the abandoned steps, then the
+redone ones: the evals fitted are those of the final trajectory (`rft_jax.telemetry.records.
+final_trajectory`; an abandoned step's eval is dropped), while the x stays all the compute spent
+to reach each eval, the abandoned steps' included (the trainer's logged cumulative counts
+re-run steps again; the sum from the recipe counts every train record up to the eval in file
+order). The fit is ScaleRL's sigmoid (default) and/or the power law in 1 - acc
 (rft_jax.scaling), with block-bootstrap intervals. Writes DIR/scaling_fit.json and
 DIR/scaling_fit.png (data, fit, 95% band, extrapolation to the target), DIR defaulting to
 <first RUN_DIR>/scaling; with several runs, each is compared with the first.
@@ -44,6 +49,7 @@ from matplotlib.figure import Figure
 
 from rft_jax import scaling
 from rft_jax.telemetry import flops
+from rft_jax.telemetry.records import final_trajectory
 from rft_jax.telemetry.sinks import read_jsonl
 
 _FLOPS_KEY = 'compute/flops_cumulative'
@@ -92,12 +98,18 @@ def _step_cost(config, record) -> float:
 
 
 def load_run(run: str, metric: str | None, config_spec: str | None) -> dict[str, Any]:
-  """{'run', 'metric', 'compute_source', 'step', 'compute', 'value', 'R0'} for one run dir."""
+  """{'run', 'metric', 'compute_source', 'step', 'compute', 'value', 'R0'} for one run dir.
+
+  step/compute/value: one point per eval of the final trajectory with `metric`, in step order;
+  compute is the cumulative training FLOPs spent before that eval was logged, those of steps
+  abandoned by a remediation rewind included. R0: the base eval's `metric` (step 0), or None.
+  """
   path = run if os.path.isfile(run) else os.path.join(run, 'metrics.jsonl')
   if not os.path.isfile(path):
     raise UsageError(f'{run}: no metrics.jsonl')
   records = read_jsonl(path)
-  metric = pick_metric([r for r in records if r.get('kind') == 'eval'], metric)
+  evals = [r for r in final_trajectory(records) if r.get('kind') == 'eval']
+  metric = pick_metric(evals, metric)
   logged = any(_FLOPS_KEY in r for r in records if r.get('kind') == 'train')
   config, source = None, f'logged {_FLOPS_KEY}'
   recorded = os.path.join(os.path.dirname(path), 'config.json')   # the run's own config
@@ -118,17 +130,21 @@ def load_run(run: str, metric: str | None, config_spec: str | None) -> dict[str,
     source = (f'step_flops from {spec}' + ('' if config_spec else
                                            ' (the recipe named in the log; overrides unknown)'))
   base_key = metric.replace('eval/', 'eval/base_')
-  cum, steps, compute, values, r0 = 0.0, [], [], [], None
+  cum, spent = 0.0, {}   # spent: id(eval record) -> compute spent before it, in file order
   for r in records:
     kind = r.get('kind')
     if kind == 'train':
       cum = float(r[_FLOPS_KEY]) if logged and _FLOPS_KEY in r else (
           cum if logged else cum + _step_cost(config, r))
-    elif kind == 'eval' and base_key in r and r.get('step', 0) == 0:
+    elif kind == 'eval':
+      spent[id(r)] = cum
+  steps, compute, values, r0 = [], [], [], None
+  for r in evals:
+    if base_key in r and r.get('step', 0) == 0:
       r0 = float(r[base_key])
-    elif kind == 'eval' and metric in r:
+    elif metric in r:
       steps.append(int(r['step']))
-      compute.append(cum)
+      compute.append(spent[id(r)])
       values.append(float(r[metric]))
   return {'run': run, 'metric': metric, 'compute_source': source, 'step': steps,
           'compute': compute, 'value': values, 'R0': r0}
