@@ -6,7 +6,8 @@ Runs the recipes one after another, each in a fresh workdir `<out>/<recipe>` (re
 it exists) as its own `python -m rft_jax.main` process (console output in `<out>/<recipe>.log`),
 then writes `experiments/algorithms/results.md` and `results.json` (--results to change):
 base -> final held-out greedy and mean@k accuracy (summary.json), their gains, the mean train
-reward of the last 10 steps, the median step time (`time/step_s` in metrics.jsonl), the run's
+reward of the last 10 steps (of the final trajectory: after a remediation rewind, as re-run),
+the median step time (`time/step_s` in metrics.jsonl, every step that ran), the run's
 wall time, and the hardware line. --steps overrides every recipe's train.steps (default: each
 recipe's own). Recipes whose config file does not exist (dpo, online_dpo until written) are
 skipped with a note. Numbers hold for the machine that ran them; the table says which.
@@ -20,6 +21,9 @@ import statistics
 import subprocess
 import sys
 import time
+
+from rft_jax.telemetry.records import final_trajectory
+from rft_jax.telemetry.sinks import read_jsonl
 
 RECIPES = ('grpo', 'dapo', 'dr_grpo', 'gspo', 'cispo', 'rloo', 'reinforce_pp', 'ppo', 'dpo',
            'online_dpo')
@@ -61,17 +65,13 @@ def run_recipe(name: str, out: str, steps: int | None) -> dict:
   with open(os.path.join(workdir, 'summary.json')) as f:
     summary = json.load(f)
   k = summary['eval_k']
-  train = []
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    for line in f:
-      try:
-        rec = json.loads(line)
-      except ValueError:
-        continue
-      if rec.get('kind') == 'train':
-        train.append(rec)
+  # Step time and sampling rounds over every step that ran (a remediation rewind's abandoned
+  # steps cost time too); the reward over the final trajectory (each step once, as re-run).
+  records = read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  train = [r for r in records if r.get('kind') == 'train']
+  final = [r for r in final_trajectory(records) if r.get('kind') == 'train']
   step_s = [r['time/step_s'] for r in train if 'time/step_s' in r]
-  rewards = [r['reward/mean'] for r in train if 'reward/mean' in r][-10:]
+  rewards = [r['reward/mean'] for r in final if 'reward/mean' in r][-10:]
   row.update({
       'steps': summary['steps'], 'eval_prompts': summary['eval_prompts'], 'eval_k': k,
       'base_greedy_acc': summary['base_greedy_acc'],
