@@ -13,15 +13,30 @@ With mesh (d, f, t), n = d * f (batch rows are split n ways), c = bytes of the c
                B = prompts_per_step * group_size rows, S = max_prompt_len + max_new_tokens;
                the cache [B, K, S, D] is split as the model constrains it: rows over data * fsdp,
                KV heads over tensor (llama.py; B / n is rounded up when n does not divide B)
-  activations  an ESTIMATE of what the train step's backward pass keeps (no rematerialisation):
-               b = B / (microbatches * n) rows, L = S tokens, E hidden, F MLP, H, K heads, D, V:
-               layers * b * L * (c * (6E + 3(H + K)D / t + 4F / t) + 12 * (H / t) * L)
-                 + 16 * b * L * V / t
-               per layer: residual / norm / attention-out / MLP-out tensors (6E), q before and
-               after rope, k, v and attention output (3(H + K)D), gate, up, silu, product (4F),
-               float32 scores, softmax and probabilities ([H, L, L]); then float32 logits, their
-               log-softmax, softmax and gradient. XLA fuses some of these and keeps others, so
-               treat it as within a factor ~2.
+  activations  an ESTIMATE of what the train step's backward pass keeps:
+               b = B / (microbatches * n) rows, L = S tokens, E hidden, F MLP, H, K heads, D, V;
+               one layer's activations A = b * L * (c * (6E + 3(H + K)D / t + 4F / t)
+                                                    + 12 * (H / t) * L)
+               (residual / norm / attention-out / MLP-out tensors (6E), q before and after rope,
+               k, v and attention output (3(H + K)D), gate, up, silu, product (4F), float32
+               scores, softmax and probabilities ([H, L, L])), and the LM head's float32 logits,
+               their log-softmax, softmax and gradient: 16 * b * L * V / t.
+                 no rematerialisation:  layers * A + 16 b L V / t
+                 model.scan_layers with model.remat (the layers in one lax.scan, each under
+                 jax.checkpoint): what each layer saves, layers * b * L * s, one layer
+                 recomputed at a time, A, the weights stacked inside the step and their
+                 stacked gradient, 2 * params, and the LM head:
+                   s = c * E                                      remat 'full' (the input)
+                   s = c * (2E + (H + 2K)D / t + 2F / t)          'dots_no_batch' (+ q, k, v,
+                                                                  o- and down-proj, gate, up)
+                   s = that + c * H D / t + 4 (H / t) L           'dots' (+ the attention's
+                                                                  batched dots: scores, p v)
+                 scan_layers without remat: layers * A + 2 * params + the LM head.
+               Unrolled layers with model.remat are counted as without: XLA on CPU keeps nearly
+               all of it there (README, tools/bench_layers: -10%); on GPU/TPU it may keep less,
+               so the estimate is an upper bound there. XLA fuses some tensors and keeps others:
+               treat the estimate as within a factor ~2 (tests/test_memory.py checks it against
+               XLA's own temp memory on CPU for each layout).
 
   sampling_weights  params with the fsdp axis unsplit, when rollout.weights_layout = 'no_fsdp'
                (mesh.sampling_shardings: the copy the sampler reads), else 0
@@ -120,16 +135,32 @@ def kv_cache_bytes(model_cfg: ModelConfig, mesh, rows: int, seq_len: int) -> int
 
 def activation_bytes(model_cfg: ModelConfig, mesh, rows: int, seq_len: int,
                      microbatches: int = 1) -> int:
-  """The train step's activation ESTIMATE per device (formula in the module docstring)."""
+  """The train step's activation ESTIMATE per device (formulas in the module docstring), for
+  model_cfg's remat and scan_layers."""
   s = _mesh_sizes(mesh)
   t = s['tensor']
   b = -(-rows // (microbatches * s['data'] * s['fsdp']))
   m, L = model_cfg, seq_len
   c = jnp.dtype(m.compute_dtype).itemsize
-  per_token = (c * (6 * m.hidden_size + 3 * (m.num_attention_heads + m.num_key_value_heads)
-                    * m.head_dim // t + 4 * m.intermediate_size // t)
-               + 12 * (m.num_attention_heads // t) * L)
-  return m.num_hidden_layers * b * L * per_token + 16 * b * L * (m.vocab_size // t)
+  # Per device: heads, KV heads and MLP columns split over tensor (KV heads replicated when
+  # fewer than t, as kv_cache_bytes counts them).
+  heads, kv_heads, ffn = (-(-n // t) for n in (m.num_attention_heads, m.num_key_value_heads,
+                                                m.intermediate_size))
+  per_token = (c * (6 * m.hidden_size + 3 * (heads + kv_heads) * m.head_dim + 4 * ffn)
+               + 12 * heads * L)
+  layer = b * L * per_token                       # A: one layer's activations
+  lm_head = 16 * b * L * (m.vocab_size // t)
+  if not m.scan_layers:
+    return m.num_hidden_layers * layer + lm_head
+  stacked = 2 * param_bytes(model_cfg, mesh)      # the weights stacked in the step, their grads
+  if m.remat == 'none':
+    return m.num_hidden_layers * layer + stacked + lm_head
+  saved = c * m.hidden_size                       # 'full': each layer's input
+  if m.remat in ('dots', 'dots_no_batch'):
+    saved += c * (m.hidden_size + (heads + 2 * kv_heads) * m.head_dim + 2 * ffn)
+  if m.remat == 'dots':
+    saved += c * heads * m.head_dim + 4 * heads * L
+  return m.num_hidden_layers * b * L * saved + layer + stacked + lm_head
 
 
 def estimate(model_cfg: ModelConfig, mesh, *, rows: int, seq_len: int, microbatches: int = 1,
