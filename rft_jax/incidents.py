@@ -70,21 +70,28 @@ def handle_alarms(alarms, step, remediator: Remediator, hooks, incident_log: Inc
                   health: float | None = None):
   """Reports newly fired incidents, asks the remediator what to do, judges past actions.
 
-  Returns the Decision to execute (at most one per step), or None.
+  Returns the Decision to execute (at most one per step), or None: of several, a halt before
+  a restore before the rest (a no-op such as skip_batch must not hide the restore that
+  non-finite parameters need), else the first.
   """
   decision = None
   for incident in monlib.incidents_from_alarms(alarms, step):
     entry = {'kind': 'incident', **incident}
     incident_log.add(entry)
     hooks.on_incident(step, entry)
-    d = remediator.on_incident(incident, step)
-    decision = decision or d
+    decision = _weightier(decision, remediator.on_incident(incident, step))
   active = np.asarray(alarms.active)
   scores = {s.name: float(alarms.score[k]) if active[k] else 0.0
             for k, s in enumerate(SIGNATURES)}
-  verdict = remediator.on_step(step, scores, health)
-  decision = decision or verdict
+  decision = _weightier(decision, remediator.on_step(step, scores, health))
   for entry in remediator.drain_log():
     incident_log.add(entry)
     hooks.on_incident(step, entry)
   return decision
+
+
+def _weightier(a, b):
+  """Of two decisions (None = none), the one the trainer must execute: halt > restore > other;
+  the earlier one on a tie."""
+  rank = lambda d: -1 if d is None else 2 * d.halt + (d.restore_before is not None)
+  return b if rank(b) > rank(a) else a

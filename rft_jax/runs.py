@@ -97,7 +97,9 @@ def check_finite(metrics: dict, step: int, ckpt: Checkpointer, workdir: str,
   parameters are no longer finite ('param_norm': every later step would train on garbage, and
   its checkpoints would replace the good ones), or, with stop_on_loss (no failure monitor), when
   the loss or the gradient norm is not. Returns what was not finite ('' if all was), for the
-  caller to report (the update of a non-finite gradient is skipped on the device)."""
+  caller to report (the update of a non-finite gradient is skipped on the device). With
+  monitor.mode='auto' the trainer calls this only when remediation did not restore a checkpoint
+  from before the step (the failure monitor's nonfinite_params incident)."""
   bad = ' and '.join(k for k in ('loss', 'grad_norm')
                      if k in metrics and not np.isfinite(metrics[k]))
   kept = (f'stopped with the last good checkpoint (step {ckpt.latest_step() or "none"}) kept '

@@ -296,8 +296,11 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
           ref_params = reset_ref = jax.tree.map(jnp.copy, state.params)
         if decision is not None and decision.restore_before is not None and good:
           continue   # rewound: the steps after the restored checkpoint run again
-      # Non-finite parameters stop every mode; a non-finite loss or gradient (its update was
-      # skipped on the device) stops a run without the monitor and is reported by one with it.
+      # Non-finite parameters stop the run here unless 'auto' restored a checkpoint from before
+      # them just above (incident nonfinite_params): halt raised above, off/warn stop here, and
+      # so does auto when it did not restore (a watch open, restores used up, no checkpoint).
+      # A non-finite loss or gradient (its update was skipped on the device) stops a run
+      # without the monitor and is reported by one with it.
       bad = runs.check_finite(metrics, step, ckpt, workdir, stop_on_loss=mcfg is None)
       if bad and mode in ('off', 'warn'):
         hooks.on_message(f'step {step}: non-finite {bad}; the update was skipped')

@@ -384,3 +384,24 @@ def test_a_checkpoint_from_an_older_version_resumes_with_new_state_started_afres
   assert params_only.monitor is None
   assert_trees_equal(params_only.params, old.params)
   ckpt.close()
+
+
+def test_a_monitor_from_before_the_parameter_check_is_started_afresh(tmp_path):
+  """A checkpoint whose failure monitor predates invariant/param_nonfinite and signature
+  nonfinite_params (one invariant and one signature fewer: its [I] and [K] arrays one shorter)
+  resumes with params, optimizer state and step exact and a fresh monitor, reported."""
+  from rft_jax.monitor import monitor as monlib   # pylint: disable=g-import-not-at-top
+  cfg = monlib.MonitorConfig(warmup=3)
+  fresh = monlib.init_monitor(cfg)
+  older = fresh.replace(step=jnp.int32(3), invariant_run=fresh.invariant_run[:-1],
+                        active=fresh.active[:-1], onset=fresh.onset[:-1],
+                        fired_count=fresh.fired_count[:-1] + 1)
+  ckpt = Checkpointer(str(tmp_path / 'ckpts'))
+  ckpt.save(3, make_state(1, 3).replace(monitor=older), {'step': 3}, {})
+  restored, _, _, _ = ckpt.restore(3, make_state(2, 0).replace(monitor=fresh))
+  assert_trees_equal((restored.step, restored.params), (make_state(1, 3).step,
+                                                        make_state(1, 3).params))
+  assert_trees_equal(restored.monitor, fresh)
+  assert ckpt.problems == ['checkpoint 3: the saved monitor state does not fit this version '
+                           '(array shapes differ); starting it afresh']
+  ckpt.close()

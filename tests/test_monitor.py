@@ -67,6 +67,12 @@ def test_metrics_vector_host_jit_and_missing_keys():
   assert inv({'loss': 1.0, 'grad_norm': np.inf})[names.index('invariant/nonfinite')] == 1.0
   assert inv({'loss': np.nan})[names.index('invariant/nonfinite')] == 1.0
   assert inv({'invariant/prompt_loss_tokens': 3})[names.index('invariant/prompt_loss_tokens')] == 3
+  # Parameters: their norm after the update (an overflowed norm is broken parameters too).
+  params = names.index('invariant/param_nonfinite')
+  assert inv({'param_norm': 51.0})[params] == 0.0
+  assert inv({'param_norm': np.inf})[params] == 1.0 and inv({'param_norm': np.nan})[params] == 1.0
+  assert np.isnan(inv({'loss': 1.0})[params])                     # missing: not checked
+  assert inv({'param_norm': np.inf})[names.index('invariant/nonfinite')] != 1.0
   # log-transformed signals round-trip
   x = np.linspace(0.1, 2.0, len(sig.SIGNALS)).astype(np.float32)
   np.testing.assert_allclose(np.asarray(sig.untransform(sig.transform(jnp.asarray(x)))), x,
@@ -151,14 +157,19 @@ def test_onset_estimate_close_to_true_onset(suite):
   assert np.mean(errors <= 4) >= 0.85, errors
 
 
-@pytest.mark.parametrize('variant', ['nan_loss', 'group_adv_mean_max', 'prompt_loss_tokens',
-                                     'group_prompt_mismatch', 'reward_out_of_range'])
+@pytest.mark.parametrize('variant', ['nan_loss', 'param_nonfinite', 'group_adv_mean_max',
+                                     'prompt_loss_tokens', 'group_prompt_mismatch',
+                                     'reward_out_of_range'])
 def test_invariants_fire_on_the_same_step(variant):
   trace = synthetic.healthy_trace(np.random.default_rng(7), 60)
   onset = 5                                   # inside warm-up: invariants need no baseline
   severity = 'critical'
   if variant == 'nan_loss':
     trace = synthetic.inject(trace, 'nan_loss', onset)
+    expect = 'nan_loss'
+  elif variant == 'param_nonfinite':          # finite loss and gradient, overflowed params
+    trace['param_norm'] = np.full(60, 51.0, np.float32)
+    trace['param_norm'][onset] = np.inf
     expect = 'nan_loss'
   else:
     trace[f'invariant/{variant}'] = np.zeros(60, np.float32)    # the healthy value
@@ -175,6 +186,9 @@ def test_invariants_fire_on_the_same_step(variant):
   incidents = incidents_from_alarms(jax.tree.map(lambda a: a[0, onset], al), step=onset + 100)
   assert incidents[0]['onset_step'] == onset + 100 and incidents[0]['step'] == onset + 100
   assert incidents[0]['severity'] == severity
+  if variant == 'param_nonfinite':   # only a restore repairs parameters: not skip_batch
+    assert [(i['signature'], i['remediation']) for i in incidents] == [
+        ('nonfinite_params', 'restore_and_lower_lr')]
 
 
 def test_reward_stall_needs_persistence():

@@ -2,6 +2,9 @@
 import json
 import os
 
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from rft_jax import trainer
@@ -63,25 +66,94 @@ def test_halt_mode_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   assert not (tmp_path / 'summary.json').exists()
 
 
-@pytest.mark.parametrize('mode', ['off', 'warn'])
+def overflow_config(mode: str, keep: int = 2, **overrides):
+  """The tiny recipe, 10 steps, checkpoints every 2, with a 1e30x learning rate at step 5
+  only: the parameters overflow at step 5 while its loss and gradient stay finite."""
+  config = tiny_config(**{'train.steps': 10, 'train.eval_every': 100, 'train.ckpt_every': 2,
+                          'train.keep_checkpoints': keep, 'rollout.prompts_per_step': 8,
+                          'monitor.mode': mode, **overrides})
+  config.faults = [{'type': 'lr_spike', 'onset_step': 5, 'strength': 1e30, 'duration': 1}]
+  return config
+
+
+def checkpoint_steps(workdir):
+  return sorted(int(d) for d in os.listdir(workdir / 'checkpoints') if d.isdigit())
+
+
+@pytest.mark.parametrize('mode', ['off', 'warn', 'halt', 'auto'])
 def test_non_finite_parameters_stop_the_run_and_keep_the_good_checkpoint(tmp_path, mode):
   """A 1e30x learning rate for one step makes the parameters infinite while the loss stays
   finite: the run stops there (was: it trained on, every update skipped, exit 0, and retention
-  deleted the last good checkpoint for infinite ones)."""
-  config = tiny_config(**{'train.steps': 10, 'train.eval_every': 100, 'train.ckpt_every': 2,
-                          'train.keep_checkpoints': 2, 'rollout.prompts_per_step': 8,
-                          'monitor.mode': mode})
-  config.faults = [{'type': 'lr_spike', 'onset_step': 5, 'strength': 1e30, 'duration': 1}]
-  with pytest.raises(trainer.TrainingError,
-                     match='parameters are no longer finite after step 5.*last good checkpoint '
-                           r'\(step 4\)'):
+  deleted the last good checkpoint for infinite ones). halt: the monitor's nonfinite_params
+  incident stops it. auto: its remediation restores step 4 with the learning rate x 0.1, but
+  1e29x overflows again on the replayed step 5; that incident arrives while the first action
+  is watched, so nothing restores and the run stops as without the monitor."""
+  config = overflow_config(mode)
+  message = ('halted at step 5 by the failure monitor: nan_loss \\(signature nonfinite_params; '
+             r'mode halt\); last checkpoint before the onset \(step 5\): step 4' if mode == 'halt'
+             else 'parameters are no longer finite after step 5.*last good checkpoint '
+                  r'\(step 4\)')
+  with pytest.raises(trainer.TrainingError, match=message):
     trainer.run(config, str(tmp_path))
-  steps = sorted(int(d) for d in os.listdir(tmp_path / 'checkpoints') if d.isdigit())
-  assert steps == [2, 4]
+  assert checkpoint_steps(tmp_path) == [2, 4]
   with open(tmp_path / 'metrics.jsonl') as f:
     logged = [json.loads(line) for line in f]
   train = [r for r in logged if r['kind'] == 'train']
   assert train[-1]['step'] == 5 and train[-1]['param_norm'] in ('Infinity', 'NaN')   # the cause
+  if mode in ('halt', 'auto'):   # (+ nan_loss: the step's 2nd update reads the broken params)
+    found = [(e['step'], e['signature']) for e in incidents(str(tmp_path))
+             if e['kind'] == 'incident']
+    assert found == [(5, 'nonfinite_params'), (5, 'nan_loss')] * (2 if mode == 'auto' else 1)
+
+
+def test_auto_mode_without_a_checkpoint_before_non_finite_parameters_stops(tmp_path):
+  """auto, parameters broken at step 1: no checkpoint precedes it, nothing is restored, and
+  the run stops there as in the other modes (it must never train on from them)."""
+  config = overflow_config('auto', **{'train.steps': 3, 'monitor.lr_factor': 1e-30})
+  config.faults[0]['onset_step'] = 1
+  with pytest.raises(trainer.TrainingError,
+                     match=r'parameters are no longer finite after step 1.*\(step none\)'):
+    trainer.run(config, str(tmp_path))
+  assert not os.path.isdir(tmp_path / 'checkpoints') or not checkpoint_steps(tmp_path)
+  actions = [e for e in incidents(str(tmp_path)) if e['kind'] == 'action']
+  assert [(a['action'], a['restore_before']) for a in actions] == [('restore_and_lower_lr', 1)]
+
+
+@pytest.mark.filterwarnings('ignore:Sharding info not provided')   # orbax, reading to numpy
+def test_auto_mode_restores_parameters_that_are_no_longer_finite(tmp_path):
+  """auto: the step whose update overflows the parameters (1e30x learning rate at step 5) is
+  undone: the checkpoint of step 4 is restored, the learning rate lowered, and the run goes on
+  to its end with finite parameters (was: stopped at step 5 as in the other modes).
+
+  No learning-rate factor of 0.1 (the default) can undo a spike big enough to overflow the
+  parameters in one step: 1e29x overflows too (the test above). monitor.lr_factor=1e-30 makes
+  the replayed step 5 run at exactly the recipe's learning rate (1e30 x 1e-30), so the test
+  checks the mechanism: the incident at step 5, the restore, the replay, nothing of the broken
+  step saved, the run finishing. Later steps train at lr x 1e-30 (in effect frozen)."""
+  config = overflow_config('auto', keep=10, **{'monitor.lr_factor': 1e-30,
+                                               'monitor.watch_steps': 3})
+  summary = trainer.run(config, str(tmp_path))
+  assert summary['steps'] == 10 and (tmp_path / 'summary.json').exists()
+  log = incidents(str(tmp_path))
+  # The recipe's second update of step 5 reads the broken parameters: its gradient is NaN too.
+  found = [(e['step'], e['signature']) for e in log if e['kind'] == 'incident']
+  assert found == [(5, 'nonfinite_params'), (5, 'nan_loss')]
+  actions = [e for e in log if e['kind'] == 'action']
+  assert actions[0]['action'] == 'restore_and_lower_lr' and actions[0]['restore_before'] == 5
+  assert actions[0]['controls']['lr_scale'] == pytest.approx(1e-30)
+  with open(tmp_path / 'metrics.jsonl') as f:
+    rows = [json.loads(line) for line in f]
+  messages = [r['text'] for r in rows if r['kind'] == 'message']
+  assert any('restored the checkpoint of step 4' in m for m in messages), messages
+  train = [r for r in rows if r['kind'] == 'train']
+  assert [r['step'] for r in train] == [1, 2, 3, 4, 5, 5, 6, 7, 8, 9, 10]
+  assert train[4]['param_norm'] in ('Infinity', 'NaN')   # the first try of step 5
+  assert all(isinstance(r['param_norm'], float) for r in train[5:])   # finite from the replay on
+  # Every checkpoint holds finite parameters (none was written from the broken step 5).
+  assert checkpoint_steps(tmp_path) == [2, 4, 6, 8, 10]
+  for step in checkpoint_steps(tmp_path):
+    state = ocp.PyTreeCheckpointer().restore(str(tmp_path / 'checkpoints' / str(step) / 'state'))
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(state['params'])), step
 
 
 class Rewinds(Hook):

@@ -182,3 +182,42 @@ def test_a_halt_names_the_checkpoints_from_before_the_onset():
       'last checkpoint before the onset (step 15): step 10; checkpoint(s) 15 from after it may '
       'carry the fault')
   assert incidents.halt_checkpoints([], 3) == 'no checkpoint before the onset (step 3)'
+
+
+def test_non_finite_parameters_are_restored_or_left_to_stop_the_run(tmp_path):
+  """Non-finite parameters (param_norm Inf; here with the NaN gradient of a second update that
+  read them, so nan_loss's skip_batch fires on the same step): auto restores the checkpoint
+  before the step with the learning rate lowered, whatever order the incidents come in. During
+  a watch the incident waits like any other: the trainer then stops the run (check_finite),
+  since nothing restored. halt names the signature, as the fault class (nan_loss) alone would
+  describe a loss that was finite."""
+  import jax   # pylint: disable=g-import-not-at-top
+  from rft_jax import incidents   # pylint: disable=g-import-not-at-top
+  from rft_jax.monitor import monitor as monlib   # pylint: disable=g-import-not-at-top
+  from rft_jax.monitor.detectors import MonitorConfig   # pylint: disable=g-import-not-at-top
+  from rft_jax.telemetry.hooks import Hook   # pylint: disable=g-import-not-at-top
+  cfg = MonitorConfig(warmup=3)
+  _, alarms = monlib.monitor_update(monlib.init_monitor(cfg), {
+      'loss': 0.4, 'grad_norm': float('nan'), 'param_norm': float('inf')}, cfg)
+  alarms = jax.device_get(alarms)
+  r = Remediator('auto', Controls(), watch_steps=5)
+  log = incidents.IncidentLog(str(tmp_path), 0)
+  d = incidents.handle_alarms(alarms, 7, r, Hook(), log)
+  assert [e.get('signature') for e in log.entries if e['kind'] == 'incident'] == [
+      'nonfinite_params', 'nan_loss']
+  assert d.action == 'restore_and_lower_lr' and d.restore_before == 7
+  assert d.controls.lr_scale == pytest.approx(0.1)
+  # The replayed step overflows again while that action is watched: nothing to execute.
+  assert incidents.handle_alarms(alarms, 7, r, Hook(), log) is None
+  # A no-op decision taken first does not hide the restore (incidents._weightier).
+  skip = Remediator('auto', Controls()).on_incident(
+      incident(signature='nan_loss', remediation='skip_batch', onset=7, score=100.0), 7)
+  restore = Remediator('auto', Controls()).on_incident(
+      incident(signature='nonfinite_params', remediation='restore_and_lower_lr', onset=7,
+               score=100.0), 7)
+  assert incidents._weightier(skip, restore) is restore   # pylint: disable=protected-access
+  assert incidents._weightier(restore, skip) is restore   # pylint: disable=protected-access
+  assert incidents._weightier(None, skip) is skip   # pylint: disable=protected-access
+  params = dict(incident(signature='nonfinite_params', onset=7), fault_class='nan_loss')
+  assert Remediator('halt', Controls()).on_incident(params, 7).reason == (
+      'nan_loss (signature nonfinite_params; mode halt)')

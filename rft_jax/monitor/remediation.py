@@ -23,6 +23,11 @@ decides. Modes (config.monitor.mode):
          watched at a time: a critical incident that fires meanwhile waits, and is acted on
          when the watch ends if its signature is still active. Actions that change nothing
          (skip_batch, warn_only) are recorded but not watched, so they block nothing.
+         Non-finite parameters (signature nonfinite_params) get restore_and_lower_lr like any
+         restoring action. Whenever that restore does not happen at once (another action is
+         being watched, restores used up, the action was undone before, no checkpoint before
+         the onset) the trainer stops the run (runs.check_finite): a deferred incident is
+         fine for drifting signals, but no step may train on from broken parameters.
 
 Controls are run-time knobs (TrainState.controls and the sampler temperature):
   lower_lr          lr_scale *= lr_factor (0.1)
@@ -141,9 +146,12 @@ class Remediator:
     if self.mode in ('off', 'warn') or not critical:
       return None
     if self.mode == 'halt' or incident['remediation'] == 'halt':
+      why = f'mode {self.mode}'   # + the signature where it says more (nonfinite_params)
+      if incident.get('signature', incident['fault_class']) != incident['fault_class']:
+        why = f"signature {incident['signature']}; {why}"
       return self._record(step, Decision('halt', self.controls, halt=True,
                                          onset=int(incident['onset_step']),
-                                         reason=f"{incident['fault_class']} (mode {self.mode})"))
+                                         reason=f"{incident['fault_class']} ({why})"))
     if self.watches:   # one action at a time: this one waits for the watched one's verdict
       if all(i['signature'] != incident['signature'] for i in self.deferred):
         self.deferred.append(incident)

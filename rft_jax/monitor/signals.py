@@ -52,7 +52,12 @@ IS_LOG = LOG_OFFSET > 0                                                   # [S] 
 SCALE_FLOOR = np.array([fl for _, _, fl in SIGNAL_TABLE], np.float32)    # [S]
 
 # Exact checks: (name, kind, threshold). Kinds:
-#   'nonfinite'      violated when any present source is NaN/Inf (threshold unused)
+#   'nonfinite'      violated when any present source is NaN/Inf (threshold unused). Two of
+#                    them: the loss and gradient norm of the step (its update is skipped on
+#                    device, the parameters are intact), and the parameter norm after the
+#                    update ('param_norm' = sqrt(sum p^2) in float32: it overflows once the norm
+#                    passes ~1.8e19 even while every parameter is finite, which is garbage too;
+#                    the parameters are no longer usable and only a restore can repair them).
 #   'above'          violated when value > threshold, on the first such step
 #   'above_persist'  violated when value > threshold for MonitorConfig.stall_persistence
 #                    consecutive steps (a single all-equal batch is not a fault, a streak is)
@@ -71,6 +76,7 @@ SCALE_FLOOR = np.array([fl for _, _, fl in SIGNAL_TABLE], np.float32)    # [S]
 #     recipe with heavier shaping needs a sustained reversal, not one odd batch, to alarm.
 INVARIANTS: tuple[tuple[str, str, float], ...] = (
     ('invariant/nonfinite', 'nonfinite', 0.0),
+    ('invariant/param_nonfinite', 'nonfinite', 0.0),
     ('invariant/group_adv_mean_max', 'above', 1e-3),
     ('invariant/prompt_loss_tokens', 'above', 0.0),
     ('invariant/zero_std_frac', 'above_persist', 0.95),
@@ -83,6 +89,7 @@ INVARIANT_NAMES: tuple[str, ...] = tuple(name for name, _, _ in INVARIANTS)
 # The metric keys each invariant reads.
 INVARIANT_SOURCES: dict[str, tuple[str, ...]] = {
     'invariant/nonfinite': ('loss', 'grad_norm'),
+    'invariant/param_nonfinite': ('param_norm',),
     'invariant/group_adv_mean_max': ('invariant/group_adv_mean_max',),
     'invariant/prompt_loss_tokens': ('invariant/prompt_loss_tokens',),
     'invariant/zero_std_frac': ('reward/zero_std_frac',),
@@ -117,7 +124,8 @@ def metrics_vector(metrics: Mapping[str, Any]) -> jnp.ndarray:
 def invariant_vector(metrics: Mapping[str, Any]) -> jnp.ndarray:
   """The invariant inputs of one step, v [..., I] (float32), NaN where the sources are missing.
 
-  'invariant/nonfinite' is 1.0 when any present source ('loss', 'grad_norm') is NaN or +-Inf,
+  A 'nonfinite' invariant ('invariant/nonfinite': 'loss', 'grad_norm';
+  'invariant/param_nonfinite': 'param_norm') is 1.0 when any present source is NaN or +-Inf,
   0.0 when all present sources are finite, NaN when none is present. The others are the raw
   value of their source key.
   """

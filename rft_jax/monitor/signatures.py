@@ -77,6 +77,13 @@ def exact(name: str, fault_class: str, severity: str, invariant: str, remediatio
 
 SIGNATURES: tuple[Signature, ...] = (
     # --- exact invariants --------------------------------------------------------------------
+    # Before nan_loss: on a tie (both fire when a later update of the same step reads the
+    # broken parameters) the incident that says the parameters are broken comes first.
+    exact('nonfinite_params', 'nan_loss', 'critical',
+          'invariant/param_nonfinite', 'restore_and_lower_lr',
+          'param_norm is NaN/Inf after the update (an overflow of the norm counts: the '
+          'parameters are that large): every later step would train on garbage; only a '
+          'checkpoint from before it repairs them'),
     exact('nan_loss', 'nan_loss', 'critical',
           'invariant/nonfinite', 'skip_batch',
           'loss or grad_norm is NaN/Inf: the update would corrupt the parameters'),
