@@ -122,6 +122,7 @@ def monitor(mode: str = 'warn'):
   m.warmup = 10        # steps used to learn each signal's baseline
   m.watch_steps = 10   # steps to judge a remediation before undoing it
   m.lr_factor = 0.1    # 'lower_lr' multiplies the learning rate by this
+  m.max_skipped_steps = 5   # stop after this many steps in a row with a non-finite loss or grad
   return m
 
 

@@ -100,8 +100,8 @@ def _check_monitor_and_faults(config) -> None:
     m = config.monitor
     if m.mode not in MONITOR_MODES:
       raise ConfigError('monitor.mode', 'must be one of ' + ', '.join(MONITOR_MODES), m.mode)
-    for key, low in (('warmup', 2), ('watch_steps', 1)):
-      if m[key] < low:
+    for key, low in (('warmup', 2), ('watch_steps', 1), ('max_skipped_steps', 1)):
+      if key in m and m[key] < low:
         raise ConfigError(f'monitor.{key}', f'must be >= {low}', m[key])
     if not 0 < m.lr_factor < 1:
       raise ConfigError('monitor.lr_factor', 'must be in (0, 1)', m.lr_factor)

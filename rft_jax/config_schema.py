@@ -76,7 +76,8 @@ SCHEMA: dict[str, Any] = {
     'mesh': {'data': int, 'fsdp': int, 'tensor': int},
     'telemetry': {'console': bool, 'jsonl': bool, 'tensorboard': bool, 'plot': bool,
                   'wandb_project': str},
-    'monitor': {'mode': str, 'warmup': int, 'watch_steps': int, 'lr_factor': float},
+    'monitor': {'mode': str, 'warmup': int, 'watch_steps': int, 'lr_factor': float,
+                'max_skipped_steps': int},
     'faults': list,   # [{type, onset_step, strength[, duration]}], see rft_jax/faults.py
     # Live scaling fit after held-out evals (rft_jax/scaling/live.py); every key optional.
     'scaling': {'live_every': int, 'model': str, 'exclude_first': float, 'n_boot': int,
@@ -97,6 +98,7 @@ OPTIONAL_KEYS = frozenset({
     'task.manual_dir', 'task.chat_template', 'task.system_prompt', 'task.instruction',
     'task.bad_records',             # 'error' (default) or 'skip': see rft_jax/data/pipeline.py
     'train.min_good_checkpoints',   # default 1: see rft_jax/runs.py save_checkpoint
+    'monitor.max_skipped_steps',    # default 5: see rft_jax/runs.py check_skipped_streak
     'rewards.memory_mb',            # default 0 (no limit): see rft_jax/rewards/runner.py
     # algo options (GRPOConfig defaults: clip_eps_low/high = clip_eps, clip_c 0 = no dual-clip,
     # entropy_coef 0, kl_in_reward False, max_len 0 = rollout.max_new_tokens)

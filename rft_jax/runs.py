@@ -102,14 +102,34 @@ def check_finite(metrics: dict, step: int, ckpt: Checkpointer, workdir: str,
   from before the step (the failure monitor's nonfinite_params incident)."""
   bad = ' and '.join(k for k in ('loss', 'grad_norm')
                      if k in metrics and not np.isfinite(metrics[k]))
-  kept = (f'stopped with the last good checkpoint (step {ckpt.latest_step() or "none"}) kept '
-          f'in {workdir}')
+  kept = _kept(ckpt, workdir)
   if 'param_norm' in metrics and not np.isfinite(metrics['param_norm']):
     raise TrainingError(f'the parameters are no longer finite after step {step} (param_norm '
                         f'{metrics["param_norm"]}, grad_norm {metrics.get("grad_norm")}); {kept}')
   if bad and stop_on_loss:
     raise TrainingError(f'non-finite {bad} at step {step}; {kept}')
   return bad
+
+
+def check_skipped_streak(streak: int, limit: int, bad: str, step: int, ckpt: Checkpointer,
+                         workdir: str) -> None:
+  """Stops the run (TrainingError) when the last `streak` steps, up to `step`, all had their
+  update skipped for a non-finite loss or gradient (`bad`, check_finite's return) and streak >=
+  limit (config.monitor.max_skipped_steps): the failure monitor reports such a step and the run
+  goes on, which helps after one bad batch, but a streak means nothing is being learned (e.g.
+  parameters finite but huge, or a loss that is NaN for every batch)."""
+  if streak >= limit:
+    first = step - streak + 1
+    before = [s for s in ckpt.all_steps() if s < first]
+    raise TrainingError(f'{streak} steps in a row (steps {first}-{step}) had a non-finite '
+                        f'{bad}, so every update was skipped (config.monitor.max_skipped_steps='
+                        f'{limit}); stopped; the latest checkpoint from before step {first}: '
+                        f'{f"step {before[-1]}" if before else "none kept"}, in {workdir}')
+
+
+def _kept(ckpt: Checkpointer, workdir: str) -> str:
+  return (f'stopped with the last good checkpoint (step {ckpt.latest_step() or "none"}) kept '
+          f'in {workdir}')
 
 
 def next_batch(data_it, step: int):

@@ -209,6 +209,8 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
     hooks.on_eval(0, {k.replace('eval/', 'eval/base_'): v for k, v in meta['base_eval'].items()})
   wall_before = meta.get('wall_s', 0.0)   # wall seconds of earlier invocations of this run
   step = start
+  skipped_streak = 0   # steps in a row whose update a non-finite loss or gradient skipped
+  max_skipped = config.monitor.get('max_skipped_steps', 5) if mcfg is not None else 1
   stop = runs.StopRequest()   # SIGTERM / SIGINT: finish this step, checkpoint, exit
   try:
     while step < total:
@@ -290,8 +292,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
                              f'(before onset at step {decision.restore_before})')
             step = max(good)
           else:
-            hooks.on_message('remediation: no checkpoint before the onset; continuing from '
-                             'the current state')
+            hooks.on_message('remediation: no checkpoint before the onset to restore')
         if decision is not None and decision.reset_reference:
           ref_params = reset_ref = jax.tree.map(jnp.copy, state.params)
         if decision is not None and decision.restore_before is not None and good:
@@ -304,6 +305,8 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
       bad = runs.check_finite(metrics, step, ckpt, workdir, stop_on_loss=mcfg is None)
       if bad and mode in ('off', 'warn'):
         hooks.on_message(f'step {step}: non-finite {bad}; the update was skipped')
+      skipped_streak = skipped_streak + 1 if bad else 0
+      runs.check_skipped_streak(skipped_streak, max_skipped, bad, step, ckpt, workdir)
       last = step == total
       if step % config.train.eval_every == 0 or last:
         result = evaluator(state.params)

@@ -474,6 +474,10 @@ def test_monitor_mode_and_faults(grpo):
   assert "config.faults[0].type='gremlins': unknown fault" in str(_error(grpo))
   grpo.faults = [{'type': 'lr_spike', 'onset_step': 3, 'strength': 50.0}]
   config_lib.validate(grpo)
+  grpo.monitor.max_skipped_steps = 0
+  assert str(_error(grpo)) == 'config.monitor.max_skipped_steps=0: must be >= 1'
+  del grpo.monitor['max_skipped_steps']   # optional: a config.json from before the key
+  config_lib.validate(grpo)
 
 
 def test_wandb_without_the_package_is_a_one_line_error(grpo, monkeypatch):

@@ -119,6 +119,27 @@ def test_auto_mode_without_a_checkpoint_before_non_finite_parameters_stops(tmp_p
   assert [(a['action'], a['restore_before']) for a in actions] == [('restore_and_lower_lr', 1)]
 
 
+
+def test_a_streak_of_skipped_updates_stops_a_monitored_run(tmp_path):
+  """warn: a 1e14x learning rate at step 5 leaves the parameters finite but huge (param_norm
+  ~7e12), so from its second update on every loss and gradient is NaN and every update is
+  skipped. The monitor reports it and the run used to go on to its end, learning nothing, and
+  exit 0; it now stops after monitor.max_skipped_steps (5) such steps in a row, naming the last
+  checkpoint from before them."""
+  config = overflow_config('warn', keep=10, **{'train.steps': 14})
+  config.faults[0]['strength'] = 1e14
+  with pytest.raises(trainer.TrainingError,
+                     match=r'^5 steps in a row \(steps 5-9\) had a non-finite loss and grad_norm, '
+                           r'so every update was skipped \(config.monitor.max_skipped_steps=5\); '
+                           r'stopped; the latest checkpoint from before step 5: step 4, in '):
+    trainer.run(config, str(tmp_path))
+  with open(tmp_path / 'metrics.jsonl') as f:
+    train = [json.loads(line) for line in f if '"kind": "train"' in line]
+  assert [r['step'] for r in train] == list(range(1, 10))
+  assert all(r['loss'] == 'NaN' and r['update_skipped'] > 0 for r in train[4:])
+  assert checkpoint_steps(tmp_path) == [2, 4, 6, 8]
+
+
 @pytest.mark.filterwarnings('ignore:Sharding info not provided')   # orbax, reading to numpy
 def test_auto_mode_restores_parameters_that_are_no_longer_finite(tmp_path):
   """auto: the step whose update overflows the parameters (1e30x learning rate at step 5) is
