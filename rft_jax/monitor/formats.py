@@ -247,10 +247,19 @@ def _read_raw(path: str) -> tuple[list[dict[str, Any]], bool]:
 
 
 def _merge_by_step(records: Iterable[dict[str, float]]) -> list[dict[str, float]]:
-  """One record per step, sorted; a later record's values win (e.g. after a resume)."""
+  """One record per step, sorted. Records of one step merge, a later value winning (TRL logs a
+  step's train and eval metrics apart). A record whose step is below the one before it starts a
+  redo (a resume or a remediation restore from an earlier checkpoint): what was logged for that
+  step or later is dropped first, so the abandoned steps a redo never reached (it was halted or
+  killed before them) do not stay in the result."""
   merged: dict[int, dict[str, float]] = {}
+  previous = None
   for record in records:
-    merged.setdefault(record['step'], {}).update(record)
+    step = record['step']
+    if previous is not None and step < previous:
+      merged = {s: r for s, r in merged.items() if s < step}
+    merged.setdefault(step, {}).update(record)
+    previous = step
   return [merged[step] for step in sorted(merged)]
 
 
@@ -268,7 +277,7 @@ def _load_rft_jax(path: str) -> list[dict[str, Any]]:
 
 
 def last_per_step(records: Iterable[dict[str, float]]) -> list[dict[str, float]]:
-  """One record per step, sorted; a later record's values win (a restored run's last try)."""
+  """One record per step, sorted: the run's final trajectory (_merge_by_step)."""
   return _merge_by_step(records)
 
 
