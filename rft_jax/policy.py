@@ -174,8 +174,10 @@ def evaluate(policy: Policy, *, num_prompts: int | None = None, k: int | None = 
 def _recipe_batches(config) -> tuple[list[tuple[int, int, str]], dict]:
   """The recipe's batch as its trainer sizes it: ([(rows, multiple, key)], memory.estimate
   arguments); data*fsdp*multiple must divide each rows (rft_jax/trainer.py, sft.py,
-  dpo_trainer.py). `sample_rows` are sampled with a KV cache (0: none in the train loop)."""
+  dpo_trainer.py). `sample_rows` are sampled with a KV cache (0: none in the train loop);
+  `critic`: PPO's critic layout (memory.run_critic)."""
   from rft_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from rft_jax.parallel import memory  # pylint: disable=g-import-not-at-top
   from rft_jax.telemetry import flops  # pylint: disable=g-import-not-at-top
   prompt_len = config.task.max_prompt_len
   if config_lib.is_sft(config):   # one row per example, no reference, no sampling
@@ -203,7 +205,7 @@ def _recipe_batches(config) -> tuple[list[tuple[int, int, str]], dict]:
     checks.append((rows, int(algo.score_chunks), 'rollout.prompts_per_step*group_size'))
   return checks, dict(rows=rows, seq_len=prompt_len + config.rollout.max_new_tokens,
                       microbatches=micro, reference=flops.uses_reference(config),
-                      sample_rows=rows,
+                      sample_rows=rows, critic=memory.run_critic(config),
                       sampling_layout=config.rollout.get('weights_layout', 'train'))
 
 

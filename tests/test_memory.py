@@ -120,3 +120,119 @@ def test_components_check_memory_from_recipe(monkeypatch):
   monkeypatch.setattr(memory, 'device_memory_bytes', lambda device=None: 600_000)
   with pytest.raises(components.SetupError, match='estimated 0.00 GiB per device'):
     components.check_memory(c, config, algo)
+
+
+def test_ppo_critic_by_hand():
+  """PPO's critic on the (2,2,2) estimate above (p = 4 * 19104 per device, 2 micro-batches,
+  B = 16 rows of S = 11 tokens, B / n = 4 rows per device): the value head is E + 1 = 65 float32
+  (replicated) = 260 bytes; a 'separate' critic adds a backbone sharded like the policy, p."""
+  p, head = 4 * 19104, 4 * 65
+  kw = dict(rows=16, seq_len=11, microbatches=2, reference=True)
+  none = memory.estimate(CFG, (2, 2, 2), **kw)
+  assert (none.critic, none.critic_step) == (0, 0) and 'critic' not in none.describe()
+  values_returns = 2 * 4 * 4 * 10                   # old values, returns: f32 [B / n, S - 1]
+  shared = memory.estimate(CFG, (2, 2, 2), critic='shared', **kw)
+  assert shared.critic == 3 * head                  # head + AdamW mu, nu
+  assert shared.critic_step == 2 * head + values_returns == 840   # grads x 2 (micro-batches)
+  assert shared.peak == 613728 + 780 + 840
+  separate = memory.estimate(CFG, (2, 2, 2), critic='separate', **kw)
+  assert separate.critic == 3 * (p + head) == 230028
+  # + the backbone's activations: the 155232 above without its LM head's 5632
+  assert separate.critic_step == 2 * (p + head) + values_returns + 149600 == 303272
+  assert separate.peak == 4 * p + 230028 + max(11264, 2 * p + 155232 + 303272) == 1147028
+  assert 'critic 0.00' in separate.describe() and 'critic_step 0.00' in separate.describe()
+  assert (separate.params, separate.grads, separate.activations) == (p, 2 * p, 155232)
+
+
+def test_ppo_recipe_counts_its_critic(monkeypatch):
+  """configs/ppo_arith.py:tiny on one device: the tiny model (V=18, E=128, F=384, 4 layers, H=4,
+  K=2, D=32, tied) has 18*128 + 4*(2*128*128 + 2*128*64 + 3*128*384 + 2*128) + 128 = 789888
+  params, P = 3159552 bytes; B = 16 rows of S = 8 + 6 = 14 tokens, 1 micro-batch. A separate
+  critic adds, over the shared one's value head: its backbone P, AdamW 2P, grads P, and the
+  backbone's activations 4 layers * 16 * 14 * (4 * (6*128 + 3*6*32 + 4*384) + 12*4*14)
+  = 896 * 12192 = 10924032. The shared head: 3 * 4 * 129 = 1548 kept, 516 grads, and old
+  values + returns 2 * 4 * 16 * 13 = 1664."""
+  from configs import ppo_arith  # pylint: disable=g-import-not-at-top
+  from rft_jax.algorithms import ppo  # pylint: disable=g-import-not-at-top
+  config = ppo_arith.get_config('tiny')
+  c = types.SimpleNamespace(model_cfg=components.model_config(config), mesh=(1, 1, 1))
+  peak = {}
+  for mode in ('shared', 'separate'):
+    config.algo.critic = mode
+    algo = ppo.algo_config(config, use_reference=True)
+    peak[mode] = components.check_memory(c, config, algo).peak
+    assert memory.estimate_run(config, c.model_cfg, (1, 1, 1), reference=True).peak == peak[mode]
+  assert peak['separate'] - peak['shared'] == 4 * 3159552 + 10924032
+  config.algo.critic, config.algo.advantage = 'none', 'grpo'   # the GRPO recipe, no critic
+  none = memory.estimate_run(config, c.model_cfg, (1, 1, 1), reference=True)
+  assert peak['shared'] - none.peak == 1548 + 516 + 1664
+  # A device whose 90% holds the shared critic's run but not the separate one's refuses it.
+  monkeypatch.setattr(memory, 'device_memory_bytes', lambda device=None: int(peak['shared'] / .9))
+  with pytest.raises(components.SetupError, match=r'critic 0\.01, .*critic_step 0\.01'):
+    components.check_memory(c, config, algo)   # algo: the separate critic's PPOConfig
+
+
+def test_choose_mesh_counts_a_separate_critic():
+  """api.choose_mesh on 8 devices: a device that holds the shared critic's run data-parallel
+  makes a separate critic's run shard (FSDP), since that one no longer fits there."""
+  from rft_jax import api  # pylint: disable=g-import-not-at-top
+  shared = api.load_config('ppo_arith:tiny')
+  separate = api.load_config('ppo_arith:tiny', {'algo.critic': 'separate'})
+  model_cfg = components.model_config(shared)
+  dp = {name: memory.estimate_run(cfg, model_cfg, (8, 1, 1), reference=True).peak
+        for name, cfg in (('shared', shared), ('separate', separate))}
+  assert dp['separate'] > dp['shared']
+  device_bytes = int(dp['shared'] / 0.9) + 1
+  assert api.choose_mesh(shared, num_devices=8, device_bytes=device_bytes) == dict(
+      data=8, fsdp=1, tensor=1)
+  assert api.choose_mesh(separate, num_devices=8, device_bytes=device_bytes) == dict(
+      data=1, fsdp=8, tensor=1)
+
+
+def test_ppo_estimate_against_xla_train_step():
+  """PPO's train step for configs/ppo_arith.py:tiny compiled on CPU (one device): what the
+  estimate counts for it (params, optimizer, critic, grads, activations, critic_step) is within
+  the factor 2 of XLA's argument + temp bytes, and so is what a separate critic adds over a
+  shared one (before the critic was counted, it added nothing to the estimate)."""
+  import functools  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from configs import ppo_arith  # pylint: disable=g-import-not-at-top
+  from rft_jax.algorithms import critic, ppo  # pylint: disable=g-import-not-at-top
+  from rft_jax.algorithms import train_state as ts  # pylint: disable=g-import-not-at-top
+  from rft_jax.models import functional as lm  # pylint: disable=g-import-not-at-top
+  from rft_jax.sampling.sampler import Rollout  # pylint: disable=g-import-not-at-top
+  sd, (b, p, t) = jax.ShapeDtypeStruct, (16, 8, 6)
+  rollout = Rollout(prompt_tokens_bp=sd((b, p), jnp.int32), prompt_mask_bp=sd((b, p), jnp.int32),
+                    tokens_bt=sd((b, t), jnp.int32), logp_bt=sd((b, t), jnp.float32),
+                    mask_bt=sd((b, t), jnp.int32), truncated_b=sd((b,), jnp.bool_))
+  est, xla = {}, {}
+  for mode in ('shared', 'separate'):
+    config = ppo_arith.get_config('tiny')
+    config.algo.critic = mode
+    cfg, algo = components.model_config(config), ppo.algo_config(config, use_reference=True)
+    graphdef, abstract = lm.abstract_params(cfg)
+    tx, copt = ts.make_optimizer(config.optim), ppo.critic_optimizer(config, algo)
+
+    def init(abstract=abstract, tx=tx, copt=copt, mode=mode, cfg=cfg):
+      params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), nnx.to_pure_dict(abstract))
+      cp = critic.init_params(mode, params, cfg.hidden_size)
+      return ts.TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params),
+                           critic={'params': cp, 'opt_state': copt['critic_tx'].init(cp)})
+
+    state = jax.eval_shape(init)
+    prep = functools.partial(ppo.prepare_batch, graphdef=graphdef, algo=algo)
+    batch = jax.eval_shape(lambda s, r, prep=prep: prep(
+        s.params, s.params, r, jnp.zeros(b), jnp.ones(b, bool),
+        critic_params=s.critic['params'])[0], state, rollout)
+    step = jax.jit(functools.partial(ppo.train_step, graphdef=graphdef, algo=algo, tx=tx,
+                                     schedule=ts.lr_schedule(config.optim), **copt),
+                   donate_argnums=0)
+    ma = step.lower(state, batch).compile().memory_analysis()
+    xla[mode] = ma.argument_size_in_bytes + ma.temp_size_in_bytes
+    e = memory.estimate_run(config, cfg, (1, 1, 1), microbatches=algo.microbatches)
+    est[mode] = (e.params + e.optimizer + e.critic + e.grads + e.activations + e.critic_step)
+    assert 0.5 <= est[mode] / xla[mode] <= 2.0, (mode, est[mode], xla[mode])
+  added = (est['separate'] - est['shared']) / (xla['separate'] - xla['shared'])
+  assert 0.5 <= added <= 2.0, added

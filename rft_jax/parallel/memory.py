@@ -41,7 +41,19 @@ With mesh (d, f, t), n = d * f (batch rows are split n ways), c = bytes of the c
   sampling_weights  params with the fsdp axis unsplit, when rollout.weights_layout = 'no_fsdp'
                (mesh.sampling_shardings: the copy the sampler reads), else 0
 
-  peak = params + optimizer + reference + max(kv_cache + sampling_weights, grads + activations)
+  PPO's critic (config.algo.critic; rft_jax/algorithms/critic.py, ppo.extra_state), 0 without:
+  critic       3 * C: its params C and their AdamW mu and nu (its own optimiser), float32, where
+               C = 4 * (E + 1)              'shared': a value head (kernel [E], bias; replicated)
+               C = 4 * (E + 1) + params     'separate': + a second backbone of the policy's
+                                            architecture, sharded like the policy's params
+  critic_step  what the train step adds for it: its grads, C (x 2 with micro-batches > 1: they
+               are summed with the policy's), the batch's old values and returns,
+               2 * 4 * ceil(B / n) * (S - 1) (float32 [B, L]), and for 'separate' the backbone's
+               forward + backward activations on the same rows: activations without the LM-head
+               term (the critic's logits are unused; XLA drops them)
+
+  peak = params + optimizer + reference + critic
+         + max(kv_cache + sampling_weights, grads + activations + critic_step)
   (sampling and the train step run one after the other; the KV cache and the sampling copy live
   only while sampling)
 
@@ -56,6 +68,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rft_jax.config_schema import CRITIC_ADVANTAGES
 from rft_jax.models import functional as lm
 from rft_jax.models.llama import ModelConfig
 from rft_jax.parallel.rules import LOGICAL_RULES, MESH_AXES
@@ -77,20 +90,25 @@ class MemoryEstimate:
   kv_cache: int
   activations: int
   sampling_weights: int = 0
+  critic: int = 0           # PPO's critic: params + AdamW state (persistent)
+  critic_step: int = 0      # its grads, activations, old values and returns (train step only)
 
   @property
   def persistent(self) -> int:
-    return self.params + self.optimizer + self.reference
+    return self.params + self.optimizer + self.reference + self.critic
 
   @property
   def peak(self) -> int:
     return self.persistent + max(self.kv_cache + self.sampling_weights,
-                                 self.grads + self.activations)
+                                 self.grads + self.activations + self.critic_step)
 
   def describe(self) -> str:
+    """'<peak> GiB per device (<part> <GiB>, ...)'; the optional parts only when non-zero."""
+    optional = ('sampling_weights', 'critic', 'critic_step')
     parts = ', '.join(f'{k} {getattr(self, k) / GIB:.2f}' for k in
-                      ('params', 'optimizer', 'reference', 'grads', 'kv_cache', 'activations',
-                       'sampling_weights') if k != 'sampling_weights' or self.sampling_weights)
+                      ('params', 'optimizer', 'reference', 'critic', 'grads', 'kv_cache',
+                       'activations', 'critic_step', 'sampling_weights')
+                      if k not in optional or getattr(self, k))
     return f'{self.peak / GIB:.2f} GiB per device ({parts} GiB)'
 
 
@@ -134,9 +152,10 @@ def kv_cache_bytes(model_cfg: ModelConfig, mesh, rows: int, seq_len: int) -> int
 
 
 def activation_bytes(model_cfg: ModelConfig, mesh, rows: int, seq_len: int,
-                     microbatches: int = 1) -> int:
+                     microbatches: int = 1, lm_head: bool = True) -> int:
   """The train step's activation ESTIMATE per device (formulas in the module docstring), for
-  model_cfg's remat and scan_layers."""
+  model_cfg's remat and scan_layers; lm_head=False leaves out the 16 b L V / t logits term (a
+  separate critic's backbone, whose logits nothing reads)."""
   s = _mesh_sizes(mesh)
   t = s['tensor']
   b = -(-rows // (microbatches * s['data'] * s['fsdp']))
@@ -149,7 +168,7 @@ def activation_bytes(model_cfg: ModelConfig, mesh, rows: int, seq_len: int,
   per_token = (c * (6 * m.hidden_size + 3 * (heads + kv_heads) * m.head_dim + 4 * ffn)
                + 12 * heads * L)
   layer = b * L * per_token                       # A: one layer's activations
-  lm_head = 16 * b * L * (m.vocab_size // t)
+  lm_head = 16 * b * L * (m.vocab_size // t) if lm_head else 0
   if not m.scan_layers:
     return m.num_hidden_layers * layer + lm_head
   stacked = 2 * param_bytes(model_cfg, mesh)      # the weights stacked in the step, their grads
@@ -163,32 +182,60 @@ def activation_bytes(model_cfg: ModelConfig, mesh, rows: int, seq_len: int,
   return m.num_hidden_layers * b * L * saved + layer + stacked + lm_head
 
 
+def critic_bytes(model_cfg: ModelConfig, mesh, critic: str) -> int:
+  """C: per-device bytes of PPO's critic params (module docstring); 0 for critic 'none'."""
+  if critic == 'none':
+    return 0
+  head = 4 * (model_cfg.hidden_size + 1)
+  return head + (param_bytes(model_cfg, mesh) if critic == 'separate' else 0)
+
+
+def run_critic(config) -> str:
+  """The recipe's critic layout as ppo.algo_config reads it: algo.critic (PPOConfig's default
+  'shared') for a critic-based advantage ('gae'), else 'none'."""
+  algo = config.get('algo', None) or {}
+  if algo.get('advantage', '') not in CRITIC_ADVANTAGES:
+    return 'none'
+  return algo.get('critic', 'shared')
+
+
 def estimate(model_cfg: ModelConfig, mesh, *, rows: int, seq_len: int, microbatches: int = 1,
              reference: bool = False, sampling_layout: str = 'train',
-             sample_rows: int | None = None) -> MemoryEstimate:
+             sample_rows: int | None = None, critic: str = 'none') -> MemoryEstimate:
   """Per-device MemoryEstimate for B = rows trained rows of seq_len tokens, sample_rows of them
-  sampled with a KV cache (default: all rows; 0 for a recipe that does not sample, e.g. SFT)."""
+  sampled with a KV cache (default: all rows; 0 for a recipe that does not sample, e.g. SFT);
+  critic: PPO's critic layout ('none' | 'shared' | 'separate')."""
   p = param_bytes(model_cfg, mesh)
   sampling = (param_bytes(model_cfg, {**_mesh_sizes(mesh), 'fsdp': 1})
               if sampling_layout == 'no_fsdp' else 0)
+  grads_x = 2 if microbatches > 1 else 1
+  c = critic_bytes(model_cfg, mesh, critic)
+  critic_step = 0
+  if critic != 'none':
+    s = _mesh_sizes(mesh)
+    values_returns = 2 * 4 * -(-rows // (s['data'] * s['fsdp'])) * (seq_len - 1)
+    backbone = (activation_bytes(model_cfg, mesh, rows, seq_len, microbatches, lm_head=False)
+                if critic == 'separate' else 0)
+    critic_step = c * grads_x + values_returns + backbone
   return MemoryEstimate(
       params=p, optimizer=2 * p, reference=p if reference else 0,
-      grads=p * (2 if microbatches > 1 else 1),
+      grads=p * grads_x,
       kv_cache=kv_cache_bytes(model_cfg, mesh, rows if sample_rows is None else sample_rows,
                               seq_len),
       activations=activation_bytes(model_cfg, mesh, rows, seq_len, microbatches),
-      sampling_weights=sampling)
+      sampling_weights=sampling, critic=3 * c, critic_step=critic_step)
 
 
 def estimate_run(config, model_cfg: ModelConfig, mesh, *, microbatches: int = 1,
-                 reference: bool = False) -> MemoryEstimate:
+                 reference: bool = False, critic: str | None = None) -> MemoryEstimate:
   """estimate() with the recipe's sizes: rows = rollout.prompts_per_step * rollout.group_size,
-  seq_len = task.max_prompt_len + rollout.max_new_tokens."""
+  seq_len = task.max_prompt_len + rollout.max_new_tokens; critic: default run_critic(config)."""
   rows = config.rollout.prompts_per_step * config.rollout.group_size
   seq_len = config.task.max_prompt_len + config.rollout.max_new_tokens
   return estimate(model_cfg, mesh, rows=rows, seq_len=seq_len, microbatches=microbatches,
                   reference=reference,
-                  sampling_layout=config.rollout.get('weights_layout', 'train'))
+                  sampling_layout=config.rollout.get('weights_layout', 'train'),
+                  critic=run_critic(config) if critic is None else critic)
 
 
 def device_memory_bytes(device=None) -> int | None:
