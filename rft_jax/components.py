@@ -158,11 +158,12 @@ def build(config, data: bool = True) -> Components:
 def check_memory(c: Components, config, algo) -> memory.MemoryEstimate:
   """Raises SetupError (one line) when the run's estimated per-device memory exceeds the device's
   (rft_jax/parallel/memory.py; no check where the device reports no limit, e.g. CPU). algo: the
-  GRPOConfig or PPOConfig (micro-batches, whether a reference policy is kept, PPO's critic).
-  Returns the estimate."""
+  GRPOConfig or PPOConfig (micro-batches, whether a reference policy is kept, PPO's critic and
+  mini-batches). Returns the estimate."""
   est = memory.estimate_run(config, c.model_cfg, c.mesh, microbatches=algo.microbatches,
                             reference=algo.use_reference,
-                            critic=getattr(algo, 'critic', 'none'))
+                            critic=getattr(algo, 'critic', 'none'),
+                            minibatches=getattr(algo, 'minibatches', 1))
   try:
     memory.check_fits(est)
   except memory.MemoryBudgetError as e:

@@ -206,6 +206,7 @@ def _recipe_batches(config) -> tuple[list[tuple[int, int, str]], dict]:
   return checks, dict(rows=rows, seq_len=prompt_len + config.rollout.max_new_tokens,
                       microbatches=micro, reference=flops.uses_reference(config),
                       sample_rows=rows, critic=memory.run_critic(config),
+                      minibatches=int(algo.get('minibatches', 1)),
                       sampling_layout=config.rollout.get('weights_layout', 'train'))
 
 

@@ -14,7 +14,8 @@ With mesh (d, f, t), n = d * f (batch rows are split n ways), c = bytes of the c
                the cache [B, K, S, D] is split as the model constrains it: rows over data * fsdp,
                KV heads over tensor (llama.py; B / n is rounded up when n does not divide B)
   activations  an ESTIMATE of what the train step's backward pass keeps:
-               b = B / (microbatches * n) rows, L = S tokens, E hidden, F MLP, H, K heads, D, V;
+               b = B / (minibatches * microbatches * n) rows (PPO's algo.minibatches: one
+               mini-batch update at a time; 1 for the other recipes), L = S tokens, E hidden, F MLP, H, K heads, D, V;
                one layer's activations A = b * L * (c * (6E + 3(H + K)D / t + 4F / t)
                                                     + 12 * (H / t) * L)
                (residual / norm / attention-out / MLP-out tensors (6E), q before and after rope,
@@ -190,10 +191,14 @@ def critic_bytes(model_cfg: ModelConfig, mesh, critic: str) -> int:
   return head + (param_bytes(model_cfg, mesh) if critic == 'separate' else 0)
 
 
+def _algo(config):
+  return config.get('algo', None) or {}
+
+
 def run_critic(config) -> str:
   """The recipe's critic layout as ppo.algo_config reads it: algo.critic (PPOConfig's default
   'shared') for a critic-based advantage ('gae'), else 'none'."""
-  algo = config.get('algo', None) or {}
+  algo = _algo(config)
   if algo.get('advantage', '') not in CRITIC_ADVANTAGES:
     return 'none'
   return algo.get('critic', 'shared')
@@ -201,10 +206,12 @@ def run_critic(config) -> str:
 
 def estimate(model_cfg: ModelConfig, mesh, *, rows: int, seq_len: int, microbatches: int = 1,
              reference: bool = False, sampling_layout: str = 'train',
-             sample_rows: int | None = None, critic: str = 'none') -> MemoryEstimate:
+             sample_rows: int | None = None, critic: str = 'none',
+             minibatches: int = 1) -> MemoryEstimate:
   """Per-device MemoryEstimate for B = rows trained rows of seq_len tokens, sample_rows of them
   sampled with a KV cache (default: all rows; 0 for a recipe that does not sample, e.g. SFT);
-  critic: PPO's critic layout ('none' | 'shared' | 'separate')."""
+  critic: PPO's critic layout ('none' | 'shared' | 'separate'); minibatches: PPO's updates per
+  epoch, each on B / minibatches rows (the activations')."""
   p = param_bytes(model_cfg, mesh)
   sampling = (param_bytes(model_cfg, {**_mesh_sizes(mesh), 'fsdp': 1})
               if sampling_layout == 'no_fsdp' else 0)
@@ -214,7 +221,8 @@ def estimate(model_cfg: ModelConfig, mesh, *, rows: int, seq_len: int, microbatc
   if critic != 'none':
     s = _mesh_sizes(mesh)
     values_returns = 2 * 4 * -(-rows // (s['data'] * s['fsdp'])) * (seq_len - 1)
-    backbone = (activation_bytes(model_cfg, mesh, rows, seq_len, microbatches, lm_head=False)
+    backbone = (activation_bytes(model_cfg, mesh, rows, seq_len, minibatches * microbatches,
+                                 lm_head=False)
                 if critic == 'separate' else 0)
     critic_step = c * grads_x + values_returns + backbone
   return MemoryEstimate(
@@ -222,20 +230,24 @@ def estimate(model_cfg: ModelConfig, mesh, *, rows: int, seq_len: int, microbatc
       grads=p * grads_x,
       kv_cache=kv_cache_bytes(model_cfg, mesh, rows if sample_rows is None else sample_rows,
                               seq_len),
-      activations=activation_bytes(model_cfg, mesh, rows, seq_len, microbatches),
+      activations=activation_bytes(model_cfg, mesh, rows, seq_len, minibatches * microbatches),
       sampling_weights=sampling, critic=3 * c, critic_step=critic_step)
 
 
 def estimate_run(config, model_cfg: ModelConfig, mesh, *, microbatches: int = 1,
-                 reference: bool = False, critic: str | None = None) -> MemoryEstimate:
+                 reference: bool = False, critic: str | None = None,
+                 minibatches: int | None = None) -> MemoryEstimate:
   """estimate() with the recipe's sizes: rows = rollout.prompts_per_step * rollout.group_size,
-  seq_len = task.max_prompt_len + rollout.max_new_tokens; critic: default run_critic(config)."""
+  seq_len = task.max_prompt_len + rollout.max_new_tokens; critic: default run_critic(config);
+  minibatches: default algo.minibatches (PPO; else 1)."""
   rows = config.rollout.prompts_per_step * config.rollout.group_size
   seq_len = config.task.max_prompt_len + config.rollout.max_new_tokens
   return estimate(model_cfg, mesh, rows=rows, seq_len=seq_len, microbatches=microbatches,
                   reference=reference,
                   sampling_layout=config.rollout.get('weights_layout', 'train'),
-                  critic=run_critic(config) if critic is None else critic)
+                  critic=run_critic(config) if critic is None else critic,
+                  minibatches=(int(_algo(config).get('minibatches', 1)) if minibatches is None
+                               else minibatches))
 
 
 def device_memory_bytes(device=None) -> int | None:
