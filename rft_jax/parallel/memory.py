@@ -15,7 +15,8 @@ With mesh (d, f, t), n = d * f (batch rows are split n ways), c = bytes of the c
                KV heads over tensor (llama.py; B / n is rounded up when n does not divide B)
   activations  an ESTIMATE of what the train step's backward pass keeps:
                b = B / (minibatches * microbatches * n) rows (PPO's algo.minibatches: one
-               mini-batch update at a time; 1 for the other recipes), L = S tokens, E hidden, F MLP, H, K heads, D, V;
+               mini-batch update at a time; 1 for the other recipes), L = S tokens, E hidden,
+               F MLP, H, K heads, D, V;
                one layer's activations A = b * L * (c * (6E + 3(H + K)D / t + 4F / t)
                                                     + 12 * (H / t) * L)
                (residual / norm / attention-out / MLP-out tensors (6E), q before and after rope,
