@@ -209,7 +209,10 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
     hooks.on_eval(0, {k.replace('eval/', 'eval/base_'): v for k, v in meta['base_eval'].items()})
   wall_before = meta.get('wall_s', 0.0)   # wall seconds of earlier invocations of this run
   step = start
-  skipped_streak = 0   # steps in a row whose update a non-finite loss or gradient skipped
+  # Steps in a row, up to `step` on this trajectory, whose update a non-finite loss or gradient
+  # skipped: saved with each checkpoint, so a resume or a remediation rewind carries on the
+  # count of the checkpoint it continues from (not of the abandoned steps, nor from 0).
+  skipped_streak = int(meta.get('skipped_streak', 0))
   max_skipped = config.monitor.get('max_skipped_steps', 5) if mcfg is not None else 1
   stop = runs.StopRequest()   # SIGTERM / SIGINT: finish this step, checkpoint, exit
   try:
@@ -287,6 +290,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
             data_it.set_state(data_state)
             ckpt.delete_after(max(good))   # checkpoints of the faulty trajectory
             meta['last_eval'] = restored_meta.get('last_eval')
+            skipped_streak = int(restored_meta.get('skipped_streak', 0))
             hooks.on_rewind(max(good))   # TensorBoard hides the abandoned steps
             hooks.on_message(f'remediation: restored the checkpoint of step {max(good)} '
                              f'(before onset at step {decision.restore_before})')
@@ -320,6 +324,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
       if step % config.train.ckpt_every == 0 or last or stopping:
         meta['wall_s'] = wall_before + time.time() - t_start
         meta['remediator'] = remediator.state_dict()
+        meta['skipped_streak'] = skipped_streak
         runs.save_checkpoint(config, ckpt, step, state, data_it.get_state(), meta, hooks,
                              reference=reset_ref, stopping=stopping)
       if stopping and not last:

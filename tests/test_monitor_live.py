@@ -140,6 +140,44 @@ def test_a_streak_of_skipped_updates_stops_a_monitored_run(tmp_path):
   assert checkpoint_steps(tmp_path) == [2, 4, 6, 8]
 
 
+def test_a_rewind_restarts_the_skipped_streak_from_its_checkpoint(tmp_path):
+  """auto: steps 5-8 skip their update (1e14x learning rate at step 5: huge parameters, NaN
+  after), then reward_collapse restores the checkpoint of step 4 and the steps run again. The
+  streak is that of the trajectory the run continues (0 at step 4), not the abandoned steps'
+  added to the redo's: the redo stops after 6 skipped steps of its own, 5-10, naming step 4
+  (was: after 3, as 'steps 2-7', with no checkpoint before step 2)."""
+  config = overflow_config('auto', keep=10, **{'train.steps': 30, 'monitor.warmup': 3,
+                                               'monitor.max_skipped_steps': 6})
+  config.faults[0]['strength'] = 1e14
+  with pytest.raises(trainer.TrainingError,
+                     match=r'^6 steps in a row \(steps 5-10\) had a non-finite loss and '
+                           r'grad_norm.*the latest checkpoint from before step 5: step 4, in '):
+    trainer.run(config, str(tmp_path))
+  with open(tmp_path / 'metrics.jsonl') as f:
+    rows = [json.loads(line) for line in f]
+  assert any('restored the checkpoint of step 4' in r['text'] for r in rows
+             if r['kind'] == 'message')
+  assert [r['step'] for r in rows if r['kind'] == 'train'] == [1, 2, 3, 4, 5, 6, 7, 8,
+                                                                 5, 6, 7, 8, 9, 10]
+
+
+def test_a_resumed_run_carries_on_the_skipped_streak(tmp_path):
+  """warn: steps 5-7 skip their update (1e14x learning rate at step 5) and the run ends at
+  step 7, its checkpoint holding the huge parameters. Raising train.steps resumes it: the
+  streak goes on from 3 and stops the run at step 9 naming step 4, the checkpoint from before
+  it (was: counted from 0 again, stopped at step 12 naming step 7, whose parameters are the
+  broken ones)."""
+  config = overflow_config('warn', keep=10, **{'train.steps': 7})
+  config.faults[0]['strength'] = 1e14
+  trainer.run(config, str(tmp_path))
+  config = overflow_config('warn', keep=10, **{'train.steps': 14})
+  config.faults[0]['strength'] = 1e14
+  with pytest.raises(trainer.TrainingError,
+                     match=r'^5 steps in a row \(steps 5-9\) had a non-finite loss and '
+                           r'grad_norm.*the latest checkpoint from before step 5: step 4, in '):
+    trainer.run(config, str(tmp_path))
+
+
 @pytest.mark.filterwarnings('ignore:Sharding info not provided')   # orbax, reading to numpy
 def test_auto_mode_restores_parameters_that_are_no_longer_finite(tmp_path):
   """auto: the step whose update overflows the parameters (1e30x learning rate at step 5) is
