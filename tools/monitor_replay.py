@@ -186,8 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   for incident in incidents:
     print(format_incident(incident))
   steps = formats.last_per_step(records)
-  again = f' ({len(records) - len(steps)} logged again after restores)' if len(
-      records) > len(steps) else ''
+  again = (f' (+{len(records) - len(steps)} records of steps abandoned by restores)'
+           if len(records) > len(steps) else '')
   print(f'{len(incidents)} incident(s) over {len(steps)} logged steps{again} of {args.run} '
         f'(monitor warm-up {cfg.warmup} steps)')
 
