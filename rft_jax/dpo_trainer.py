@@ -158,6 +158,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
     raise components.SetupError(f'config.{key}={per_step} is not divisible by data*fsdp='
                                 f'{meshlib.batch_divisor(c.mesh)} times dpo.microbatches='
                                 f'{dcfg.microbatches}')
+  memory_est = components.check_memory(c, config)   # one line before an accelerator OOM
   tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
   # each process reads its rows of every batch; GlobalBatches gathers the global batch
   share = components.process_share(per_step, 'rollout.prompts_per_step' if online
@@ -176,6 +177,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
   opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra,
                          console_keys=ONLINE_CONSOLE_KEYS if online else CONSOLE_KEYS)
   state, shardings, ckpt, meta, hooks, start, _ = opened
+  hooks.on_message(f'memory estimate: {memory_est.describe()}')
   total = config.train.steps
   if start >= total and 'final_eval' in meta:
     return runs.finish_complete_run(config, workdir, opened)

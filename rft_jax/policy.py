@@ -173,41 +173,22 @@ def evaluate(policy: Policy, *, num_prompts: int | None = None, k: int | None = 
 
 def _recipe_batches(config) -> tuple[list[tuple[int, int, str]], dict]:
   """The recipe's batch as its trainer sizes it: ([(rows, multiple, key)], memory.estimate
-  arguments); data*fsdp*multiple must divide each rows (rft_jax/trainer.py, sft.py,
-  dpo_trainer.py). `sample_rows` are sampled with a KV cache (0: none in the train loop);
-  `critic`: PPO's critic layout (memory.run_critic)."""
-  from rft_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  from rft_jax.parallel import memory  # pylint: disable=g-import-not-at-top
-  from rft_jax.telemetry import flops  # pylint: disable=g-import-not-at-top
-  prompt_len = config.task.max_prompt_len
-  if config_lib.is_sft(config):   # one row per example, no reference, no sampling
-    rows = config.sft.batch_size
-    return [(rows, 1, 'sft.batch_size')], dict(
-        rows=rows, seq_len=prompt_len + config.sft.answer_len, microbatches=1, reference=False,
-        sample_rows=0)
-  if config_lib.is_dpo(config):   # pairs: a chosen and a rejected row each; frozen reference
-    micro = int(config.dpo.microbatches)
-    if config.dpo.mode == 'online':
-      pairs, key = config.rollout.prompts_per_step, 'rollout.prompts_per_step'
-      seq_len = prompt_len + config.rollout.max_new_tokens
-      sample_rows = pairs * config.rollout.group_size
-    else:
-      pairs, key = config.dpo.batch_size, 'dpo.batch_size'
-      seq_len, sample_rows = prompt_len + config.dpo.answer_len, 0
-    return [(pairs, micro, key)], dict(rows=2 * pairs, seq_len=seq_len, microbatches=micro,
-                                       reference=True, sample_rows=sample_rows)
+  arguments, components.memory_sizes); data*fsdp*multiple must divide each rows
+  (rft_jax/trainer.py, sft.py, dpo_trainer.py)."""
+  from rft_jax import components, config as config_lib  # pylint: disable=g-import-not-at-top
+  sizes = components.memory_sizes(config)
+  if config_lib.is_sft(config):
+    return [(config.sft.batch_size, 1, 'sft.batch_size')], sizes
+  if config_lib.is_dpo(config):
+    key = 'rollout.prompts_per_step' if config.dpo.mode == 'online' else 'dpo.batch_size'
+    return [(sizes['rows'] // 2, sizes['microbatches'], key)], sizes
   algo = config.get('algo', {})
-  micro = int(algo.get('microbatches', 1))
-  rows = config.rollout.prompts_per_step * config.rollout.group_size
-  checks = [(rows, micro * int(algo.get('minibatches', 1)),
+  rows = sizes['rows']
+  checks = [(rows, sizes['microbatches'] * sizes['minibatches'],
              'rollout.prompts_per_step*group_size')]
   if algo.get('score_chunks', 0):
     checks.append((rows, int(algo.score_chunks), 'rollout.prompts_per_step*group_size'))
-  return checks, dict(rows=rows, seq_len=prompt_len + config.rollout.max_new_tokens,
-                      microbatches=micro, reference=flops.uses_reference(config),
-                      sample_rows=rows, critic=memory.run_critic(config),
-                      minibatches=int(algo.get('minibatches', 1)),
-                      sampling_layout=config.rollout.get('weights_layout', 'train'))
+  return checks, sizes
 
 
 def choose_mesh(config, num_devices: int | None = None,

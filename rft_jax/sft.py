@@ -26,6 +26,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
   if config.sft.batch_size % meshlib.batch_divisor(c.mesh):
     raise components.SetupError(f'config.sft.batch_size={config.sft.batch_size} is not divisible '
                                 f'by data*fsdp={meshlib.batch_divisor(c.mesh)}')
+  memory_est = components.check_memory(c, config)   # one line before an accelerator OOM
   tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
   data_it = hostdata.GlobalBatches(pipeline.sft_batches(   # each process reads its rows only
       c.train_source, c.tokenizer, max_prompt_len=config.task.max_prompt_len,
@@ -36,6 +37,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
                          console_keys=(('loss', 'loss'), ('token_acc', 'token acc')),
                          uses_reference=False)
   state, shardings, ckpt, meta, hooks, start, _ = opened
+  hooks.on_message(f'memory estimate: {memory_est.describe()}')
   total = config.train.steps
   if start >= total and 'final_eval' in meta:
     return runs.finish_complete_run(config, workdir, opened)

@@ -122,6 +122,45 @@ def test_components_check_memory_from_recipe(monkeypatch):
     components.check_memory(c, config, algo)
 
 
+
+def test_sft_and_dpo_are_sized_from_their_recipes():
+  """memory_sizes: SFT one row per example (no reference, no KV cache), offline DPO a chosen and
+  a rejected row per pair with a reference, online DPO sampling its prompts' groups."""
+  from configs import dpo_arith, online_dpo_arith, sft_arith  # pylint: disable=g-import-not-at-top
+  sft, dpo, online = (m.get_config('tiny') for m in (sft_arith, dpo_arith, online_dpo_arith))
+  prompt = sft.task.max_prompt_len
+  assert components.memory_sizes(sft) == dict(
+      rows=sft.sft.batch_size, seq_len=prompt + sft.sft.answer_len, microbatches=1,
+      reference=False, sample_rows=0)
+  assert components.memory_sizes(dpo) == dict(
+      rows=2 * dpo.dpo.batch_size, seq_len=dpo.task.max_prompt_len + dpo.dpo.answer_len,
+      microbatches=dpo.dpo.microbatches, reference=True, sample_rows=0)
+  sizes = components.memory_sizes(online)
+  assert sizes['rows'] == 2 * online.rollout.prompts_per_step and sizes['reference']
+  assert sizes['sample_rows'] == online.rollout.prompts_per_step * online.rollout.group_size
+  c = types.SimpleNamespace(model_cfg=CFG, mesh=(1, 1, 1))
+  est = components.check_memory(c, dpo)
+  assert est.reference == est.params and est.kv_cache == 0
+  assert est.activations == memory.activation_bytes(CFG, (1, 1, 1), 2 * dpo.dpo.batch_size,
+                                                    dpo.task.max_prompt_len + dpo.dpo.answer_len,
+                                                    dpo.dpo.microbatches)
+
+
+@pytest.mark.parametrize('recipe', ['sft_arith', 'dpo_arith'])
+def test_sft_and_dpo_runs_refuse_a_device_too_small(recipe, tmp_path, monkeypatch):
+  """SFT and DPO check the estimate before the first step as the RL trainer does (they had no
+  check: an accelerator ran out of memory at the first step instead of one line)."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  from rft_jax import dpo_trainer, sft  # pylint: disable=g-import-not-at-top
+  config = importlib.import_module(f'configs.{recipe}').get_config('tiny')
+  config.telemetry.console = False
+  monkeypatch.setattr(memory, 'device_memory_bytes', lambda device=None: 100_000)
+  run = sft.run if recipe == 'sft_arith' else dpo_trainer.run
+  with pytest.raises(components.SetupError, match=r'^estimated .* GiB per device .* exceeds 90% '
+                                                  r"of the device's 0.00 GiB; shard more"):
+    run(config, str(tmp_path))
+  assert not (tmp_path / 'checkpoints').exists()
+
 def test_ppo_critic_by_hand():
   """PPO's critic on the (2,2,2) estimate above (p = 4 * 19104 per device, 2 micro-batches,
   B = 16 rows of S = 11 tokens, B / n = 4 rows per device): the value head is E + 1 = 65 float32
