@@ -183,21 +183,35 @@ def memory_sizes(config) -> dict:
               sampling_layout=config.rollout.get('weights_layout', 'train'))
 
 
+def _memory_remedy(config) -> str:
+  """check_fits' advice in the keys of an SFT or DPO recipe (they have no config.algo, and
+  offline DPO no config.rollout: the RL advice names keys these recipes do not have)."""
+  from rft_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  if config_lib.is_sft(config):
+    return 'or lower sft.batch_size / sft.answer_len / task.max_prompt_len'
+  if config.dpo.mode == 'online':
+    return ('raise config.dpo.microbatches, or lower rollout.prompts_per_step / group_size / '
+            'max_new_tokens')
+  return 'raise config.dpo.microbatches, or lower dpo.batch_size / dpo.answer_len'
+
+
 def check_memory(c: Components, config, algo=None) -> memory.MemoryEstimate:
   """Raises SetupError (one line) when the run's estimated per-device memory exceeds the device's
   (rft_jax/parallel/memory.py; no check where the device reports no limit, e.g. CPU). algo: the
   GRPOConfig or PPOConfig of an RL recipe (its resolved micro-batches, reference pass, PPO's
   critic and mini-batches); None sizes the run from the recipe (memory_sizes: SFT, DPO).
   Returns the estimate."""
+  remedy = memory.RL_REMEDY
   if algo is None:
     est = memory.estimate(c.model_cfg, c.mesh, **memory_sizes(config))
+    remedy = _memory_remedy(config)
   else:
     est = memory.estimate_run(config, c.model_cfg, c.mesh, microbatches=algo.microbatches,
                               reference=algo.use_reference,
                               critic=getattr(algo, 'critic', 'none'),
                               minibatches=getattr(algo, 'minibatches', 1))
   try:
-    memory.check_fits(est)
+    memory.check_fits(est, remedy=remedy)
   except memory.MemoryBudgetError as e:
     raise SetupError(str(e)) from None
   return est

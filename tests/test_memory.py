@@ -161,6 +161,23 @@ def test_sft_and_dpo_runs_refuse_a_device_too_small(recipe, tmp_path, monkeypatc
     run(config, str(tmp_path))
   assert not (tmp_path / 'checkpoints').exists()
 
+@pytest.mark.parametrize('recipe,keys', [
+    ('sft_arith', 'or lower sft.batch_size / sft.answer_len / task.max_prompt_len'),
+    ('dpo_arith', 'raise config.dpo.microbatches, or lower dpo.batch_size / dpo.answer_len'),
+    ('online_dpo_arith', 'raise config.dpo.microbatches, or lower rollout.prompts_per_step / '
+                         'group_size / max_new_tokens')])
+def test_sft_and_dpo_refusal_names_their_own_keys(recipe, keys, monkeypatch):
+  """The refusal's advice names keys the recipe has: SFT and DPO have no config.algo (nor
+  offline DPO a config.rollout), so the RL advice 'raise config.algo.microbatches' misled."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  config = importlib.import_module(f'configs.{recipe}').get_config('tiny')
+  c = types.SimpleNamespace(model_cfg=CFG, mesh=(1, 1, 1))
+  monkeypatch.setattr(memory, 'device_memory_bytes', lambda device=None: 100_000)
+  with pytest.raises(components.SetupError) as e:
+    components.check_memory(c, config)
+  assert str(e.value).endswith(keys) and 'algo' not in str(e.value)
+
+
 def test_ppo_critic_by_hand():
   """PPO's critic on the (2,2,2) estimate above (p = 4 * 19104 per device, 2 micro-batches,
   B = 16 rows of S = 11 tokens, B / n = 4 rows per device): the value head is E + 1 = 65 float32

@@ -263,13 +263,17 @@ def device_memory_bytes(device=None) -> int | None:
   return int(stats['bytes_limit'])
 
 
+RL_REMEDY = ('raise config.algo.microbatches, or lower rollout.prompts_per_step / group_size / '
+             'max_new_tokens')
+
+
 def check_fits(est: MemoryEstimate, device_bytes: int | None = None,
-               fraction: float = 0.9) -> None:
-  """Raises MemoryBudgetError when est.peak > fraction * device memory (unknown memory: no-op)."""
+               fraction: float = 0.9, remedy: str = RL_REMEDY) -> None:
+  """Raises MemoryBudgetError when est.peak > fraction * device memory (unknown memory: no-op).
+  remedy: the recipe's own keys that shrink the estimate (default: an RL recipe's)."""
   device_bytes = device_memory_bytes() if device_bytes is None else device_bytes
   if device_bytes is None or est.peak <= fraction * device_bytes:
     return
   raise MemoryBudgetError(
       f'estimated {est.describe()} exceeds {fraction:.0%} of the device\'s '
-      f'{device_bytes / GIB:.2f} GiB; shard more (config.mesh.fsdp / tensor), raise '
-      'config.algo.microbatches, or lower rollout.prompts_per_step / group_size / max_new_tokens')
+      f'{device_bytes / GIB:.2f} GiB; shard more (config.mesh.fsdp / tensor), {remedy}')
