@@ -116,7 +116,9 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   memory_est = components.check_memory(c, config, algo)   # one line before an accelerator OOM
   tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
   critic_opt = ppo.critic_optimizer(config, algo)   # {} unless PPO
-  ref_params = jax.tree.map(jnp.copy, c.params) if algo.use_reference else None
+  # The reference is the build's initial weights themselves, not a copy (nothing donates them):
+  # one copy of the params less on the device, as memory.estimate counts it.
+  ref_params = c.params if algo.use_reference else None
   skipped = (pipeline.BadRecords(f'{config.task.name} train split')
              if config.task.get('bad_records', 'error') == 'skip' else None)
   for reason in c.skipped_at_load if skipped is not None else ():   # GSM8K lines left out

@@ -7,7 +7,10 @@ With mesh (d, f, t), n = d * f (batch rows are split n ways), c = bytes of the c
                data replicates params
   optimizer    2 * params                      AdamW mu and nu, float32, sharded like the params
                                                (the step counters are scalars: ignored)
-  reference    params, when the recipe keeps a reference policy (kl_coef > 0 / monitor 'auto')
+  reference    params, when the recipe keeps a reference policy (kl_coef > 0 / monitor 'auto';
+               DPO): the build's initial weights, which the trainers keep. Not counted: SFT and
+               an RL recipe without a reference keep them too (the base eval, the restore
+               template), one params' worth more than the estimate
   grads        params, x 2 with micro-batches > 1 (the accumulator and one micro-batch's grads)
   kv_cache     2 * layers * (B / n) * S * (K / t) * D * c
                B = prompts_per_step * group_size rows, S = max_prompt_len + max_new_tokens;
