@@ -69,7 +69,7 @@ def test_activation_estimate_with_scanned_remat_by_hand():
 def test_activation_estimate_against_xla_temp_memory(remat, scan):
   """The estimate against XLA's own temp memory of a forward + backward pass (CPU, 6 layers of
   the tiny model, 32 rows x 32 tokens): within the factor 2 the module docstring claims. Before
-  remat was modelled, scan + remat='full' was overstated ~3.5x here (~8.5x at 32 layers), so a
+  remat was modelled, scan + remat='full' was overstated 2.85x here (6.7x at 16 layers), so a
   device memory check refused runs that fit."""
   import jax  # pylint: disable=g-import-not-at-top
   from configs import common  # pylint: disable=g-import-not-at-top
