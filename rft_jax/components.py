@@ -201,15 +201,13 @@ def check_memory(c: Components, config, algo=None) -> memory.MemoryEstimate:
   GRPOConfig or PPOConfig of an RL recipe (its resolved micro-batches, reference pass, PPO's
   critic and mini-batches); None sizes the run from the recipe (memory_sizes: SFT, DPO).
   Returns the estimate."""
-  remedy = memory.RL_REMEDY
-  if algo is None:
-    est = memory.estimate(c.model_cfg, c.mesh, **memory_sizes(config))
-    remedy = _memory_remedy(config)
-  else:
-    est = memory.estimate_run(config, c.model_cfg, c.mesh, microbatches=algo.microbatches,
-                              reference=algo.use_reference,
-                              critic=getattr(algo, 'critic', 'none'),
-                              minibatches=getattr(algo, 'minibatches', 1))
+  sizes = memory_sizes(config)
+  if algo is not None:   # the trainer's resolved settings over the recipe's
+    sizes.update(microbatches=algo.microbatches, reference=algo.use_reference,
+                 critic=getattr(algo, 'critic', 'none'),
+                 minibatches=getattr(algo, 'minibatches', 1))
+  est = memory.estimate(c.model_cfg, c.mesh, **sizes)
+  remedy = memory.RL_REMEDY if algo is not None else _memory_remedy(config)
   try:
     memory.check_fits(est, remedy=remedy)
   except memory.MemoryBudgetError as e:
