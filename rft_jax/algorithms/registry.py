@@ -47,7 +47,8 @@ def register_loss_agg(name: str):
 
 def _get(table: dict, kind: str, name: str):
   # Importing the implementations fills the tables.
-  from rft_jax.algorithms import advantages, losses  # noqa: F401  pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from rft_jax.algorithms import advantages, losses  # noqa: F401
   if name not in table:
     raise KeyError(f'unknown {kind} {name!r}; known: {", ".join(sorted(table))}')
   return table[name]
@@ -67,6 +68,7 @@ def get_loss_agg(name: str) -> Callable:
 
 def names() -> dict[str, list[str]]:
   """All registered names by kind, e.g. for config validation."""
-  from rft_jax.algorithms import advantages, losses  # noqa: F401  pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from rft_jax.algorithms import advantages, losses  # noqa: F401
   return {'advantage': sorted(ADVANTAGES), 'loss': sorted(LOSSES),
           'loss_agg': sorted(LOSS_AGGREGATIONS)}

@@ -136,4 +136,5 @@ def format_ok(completion: str, answer: str) -> float:
 
 
 # Task verifiers in their own modules register on import (kept last: they import this module).
-from rft_jax.rewards import gsm8k  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import  # noqa: E402,F401
+# pylint: disable-next=g-import-not-at-top,wrong-import-position,unused-import
+from rft_jax.rewards import gsm8k  # noqa: E402,F401
