@@ -1,6 +1,8 @@
 """Host side of the failure monitor in an RL run: newly fired incidents are logged
 (workdir/incidents.jsonl, the hooks) and handed to the remediation policy
-(rft_jax/monitor/remediation.py), whose decision rft_jax/trainer.py executes."""
+(rft_jax/monitor/remediation.py), whose decision rft_jax/trainer.py executes (its restores:
+rewind). The streak of steps with skipped updates is counted here (SkippedStreak) and reported
+as an incident like those the device finds (signatures.SKIPPED_STREAK)."""
 import json
 import os
 
@@ -9,7 +11,7 @@ import numpy as np
 
 from rft_jax.monitor import monitor as monlib
 from rft_jax.monitor.remediation import Remediator
-from rft_jax.monitor.signatures import SIGNATURES
+from rft_jax.monitor.signatures import SIGNATURES, SKIPPED_STREAK
 from rft_jax.telemetry import sinks
 
 
@@ -76,18 +78,100 @@ def handle_alarms(alarms, step, remediator: Remediator, hooks, incident_log: Inc
   """
   decision = None
   for incident in monlib.incidents_from_alarms(alarms, step):
-    entry = {'kind': 'incident', **incident}
-    incident_log.add(entry)
-    hooks.on_incident(step, entry)
+    _report(step, {'kind': 'incident', **incident}, hooks, incident_log)
     decision = _weightier(decision, remediator.on_incident(incident, step))
   active = np.asarray(alarms.active)
   scores = {s.name: float(alarms.score[k]) if active[k] else 0.0
             for k, s in enumerate(SIGNATURES)}
   decision = _weightier(decision, remediator.on_step(step, scores, health))
   for entry in remediator.drain_log():
-    incident_log.add(entry)
-    hooks.on_incident(step, entry)
+    _report(step, entry, hooks, incident_log)
   return decision
+
+
+def _report(step: int, entry: dict, hooks, incident_log: IncidentLog) -> None:
+  incident_log.add(entry)
+  hooks.on_incident(step, entry)
+
+
+class SkippedStreak:
+  """Steps in a row, up to the current one on this trajectory, with a non-finite loss or
+  gradient (runs.check_finite's `bad`; the update of such a gradient is skipped on the device),
+  and how many of their `updates` optimiser updates each were skipped ('update_skipped': the
+  fraction of the step's updates; step_fns.train_epochs). Saved in each checkpoint's meta, so a
+  resume or a remediation rewind carries on the count of the checkpoint it continues from (not
+  of the abandoned steps, nor from 0)."""
+
+  def __init__(self, meta: dict, updates: int):
+    self.updates = updates
+    self.load(meta)
+
+  def load(self, meta: dict) -> None:
+    self.steps = int(meta.get('skipped_streak', 0))
+    skipped = meta.get('skipped_updates', 0 if not self.steps else None)
+    self.skipped = None if skipped is None else int(skipped)   # None: not counted (older meta)
+
+  def save(self, meta: dict) -> None:
+    meta['skipped_streak'], meta['skipped_updates'] = self.steps, self.skipped
+
+  def observe(self, bad: str, update_skipped: float) -> int:
+    """Counts this step in (bad) or ends the streak -> its length."""
+    if not bad:
+      self.steps, self.skipped = 0, 0
+    else:
+      self.steps += 1
+      if self.skipped is not None:
+        self.skipped += int(round(update_skipped * self.updates))
+    return self.steps
+
+
+def streak_incident(step: int, streak: int, limit: int) -> dict:
+  """The incident of `streak` >= `limit` (monitor.max_skipped_steps) steps in a row, up to
+  `step`, with skipped updates, shaped as monlib.incidents_from_alarms' are: its onset is the
+  streak's first step, its score the streak over the limit."""
+  s, score = SKIPPED_STREAK, streak / limit
+  return {'step': int(step), 'onset_step': int(step) - streak + 1, 'signature': s.name,
+          'fault_class': s.fault_class, 'severity': s.severity, 'remediation': s.remediation,
+          'description': s.description, 'score': score,
+          'evidence': [{'signal': s.conditions[0].signal, 'direction': 'up', 'score': score,
+                        'value': float(streak)}]}
+
+
+def handle_streak(streak: int, limit: int, step: int, remediator: Remediator, hooks,
+                  incident_log: IncidentLog):
+  """Reports a streak of skipped steps that reached its limit as an incident and asks the
+  remediator about it -> its Decision: in mode auto a restore from before the streak with a
+  lower learning rate, when the remediator's rules allow one; else None (or a halt)."""
+  incident = streak_incident(step, streak, limit)
+  _report(step, {'kind': 'incident', **incident}, hooks, incident_log)
+  decision = remediator.on_incident(incident, step)
+  for entry in remediator.drain_log():
+    _report(step, entry, hooks, incident_log)
+  return decision
+
+
+def rewind(ckpt, before: int, state, shardings, like_reference, reference_shardings, data_it,
+           meta: dict, hooks, remediator: Remediator):
+  """Executes a remediation restore: the latest checkpoint with a step below `before` (train
+  state, data-iterator position, meta['last_eval']); the checkpoints after it (the faulty
+  trajectory's) are deleted and the hooks told -> (its step, state, its reference: None unless
+  remediation had reset it, its meta). None when no checkpoint precedes `before`: a message
+  says so, and the remediator does not count the restore (it did not happen)."""
+  good = [s for s in ckpt.all_steps() if s < before]
+  if not good:
+    hooks.on_message('remediation: no checkpoint before the onset to restore')
+    remediator.restore_missed()
+    return None
+  state, data_state, restored_meta, reference = ckpt.restore(
+      max(good), state, shardings, like_reference=like_reference,
+      reference_shardings=reference_shardings)
+  data_it.set_state(data_state)
+  ckpt.delete_after(max(good))
+  meta['last_eval'] = restored_meta.get('last_eval')
+  hooks.on_rewind(max(good))   # TensorBoard hides the abandoned steps
+  hooks.on_message(f'remediation: restored the checkpoint of step {max(good)} '
+                   f'(before onset at step {before})')
+  return max(good), state, reference, restored_meta
 
 
 def _weightier(a, b):

@@ -112,18 +112,24 @@ def check_finite(metrics: dict, step: int, ckpt: Checkpointer, workdir: str,
 
 
 def check_skipped_streak(streak: int, limit: int, bad: str, step: int, ckpt: Checkpointer,
-                         workdir: str) -> None:
-  """Stops the run (TrainingError) when the last `streak` steps, up to `step`, all had their
-  update skipped for a non-finite loss or gradient (`bad`, check_finite's return) and streak >=
-  limit (config.monitor.max_skipped_steps): the failure monitor reports such a step and the run
-  goes on, which helps after one bad batch, but a streak means nothing is being learned (e.g.
-  parameters finite but huge, or a loss that is NaN for every batch)."""
+                         workdir: str, skipped: int | None = None, updates: int = 1) -> None:
+  """Stops the run (TrainingError) when the last `streak` steps, up to `step`, all had a
+  non-finite loss or gradient (`bad`, check_finite's return), and so skipped updates, and streak
+  >= limit (config.monitor.max_skipped_steps): the failure monitor reports such a step and the
+  run goes on, which helps after one bad batch, but a streak means nothing is being learned (e.g.
+  parameters finite but huge, or a loss that is NaN for every batch). With monitor.mode='auto'
+  the trainer calls this only when remediation did not restore a checkpoint from before the
+  streak (incident skipped_streak). skipped: how many of the streak's streak * updates optimiser
+  updates (`updates` per step) were skipped (None: not known)."""
   if streak >= limit:
-    first = step - streak + 1
+    first, total = step - streak + 1, streak * updates
+    what = ('so their updates were skipped, all or some' if skipped is None else
+            'so every update was skipped' if updates == 1 and skipped == total else
+            f'so {skipped} of their {total} updates were skipped')
     before = [s for s in ckpt.all_steps() if s < first]
     raise TrainingError(f'{streak} steps in a row (steps {first}-{step}) had a non-finite '
-                        f'{bad}, so every update was skipped (config.monitor.max_skipped_steps='
-                        f'{limit}); stopped; the latest checkpoint from before step {first}: '
+                        f'{bad}, {what} (config.monitor.max_skipped_steps={limit}); stopped; '
+                        f'the latest checkpoint from before step {first}: '
                         f'{f"step {before[-1]}" if before else "none kept"}, in {workdir}')
 
 

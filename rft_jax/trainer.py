@@ -211,11 +211,25 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
     hooks.on_eval(0, {k.replace('eval/', 'eval/base_'): v for k, v in meta['base_eval'].items()})
   wall_before = meta.get('wall_s', 0.0)   # wall seconds of earlier invocations of this run
   step = start
-  # Steps in a row, up to `step` on this trajectory, whose update a non-finite loss or gradient
-  # skipped: saved with each checkpoint, so a resume or a remediation rewind carries on the
-  # count of the checkpoint it continues from (not of the abandoned steps, nor from 0).
-  skipped_streak = int(meta.get('skipped_streak', 0))
+  # Steps in a row with skipped updates (saved with each checkpoint, carried on by a rewind).
+  streak = incidents.SkippedStreak(meta, runs.updates_per_step(config))
   max_skipped = config.monitor.get('max_skipped_steps', 5) if mcfg is not None else 1
+
+  def execute(decision) -> bool:
+    """A remediation decision's restore and reference reset -> whether the run rewound."""
+    nonlocal state, step, ref_params, reset_ref
+    rewound = None
+    if decision is not None and decision.restore_before is not None:
+      rewound = incidents.rewind(ckpt, decision.restore_before, state, shardings, c.params,
+                                 c.param_shardings, data_it, meta, hooks, remediator)
+    if rewound is not None:
+      step, state, reset_ref, restored_meta = rewound
+      ref_params = reset_ref if reset_ref is not None else ref_params
+      streak.load(restored_meta)
+    if decision is not None and decision.reset_reference:
+      ref_params = reset_ref = jax.tree.map(jnp.copy, state.params)
+    return rewound is not None
+
   stop = runs.StopRequest()   # SIGTERM / SIGINT: finish this step, checkpoint, exit
   try:
     while step < total:
@@ -243,8 +257,8 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
           p = rollout.prompt_tokens_bp.shape[1]   # the invariant, on the mask actually used
           metrics['invariant/prompt_loss_tokens'] = batch['loss_mask'][:, :p - 1].sum()
         adv_b = batch['adv']
-        for _ in range(algo.updates_per_batch):
-          state, step_metrics = train_step(state, batch)
+        state, step_metrics = step_fns_lib.train_epochs(train_step, state, batch,
+                                                        algo.updates_per_batch)
       if credit_fn is not None:   # on the advantages the train step consumed (after any fault)
         correct_b = got.rewards.per_verifier.get(primary, got.rewards_b)
         metrics.update(credit_fn(adv_b, rewards_d,
@@ -280,39 +294,23 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
               f'halted at step {step} by the failure monitor: {decision.reason}; '
               f'{incidents.halt_checkpoints(ckpt.all_steps(), decision.onset)} in '
               f'{workdir}; see {incident_log.path}')
-        if decision is not None and decision.restore_before is not None:
-          good = [s for s in ckpt.all_steps() if s < decision.restore_before]
-          if good:
-            state, data_state, restored_meta, restored_ref = ckpt.restore(
-                max(good), state, shardings, like_reference=c.params,
-                reference_shardings=c.param_shardings)
-            reset_ref = restored_ref
-            if restored_ref is not None:
-              ref_params = restored_ref
-            data_it.set_state(data_state)
-            ckpt.delete_after(max(good))   # checkpoints of the faulty trajectory
-            meta['last_eval'] = restored_meta.get('last_eval')
-            skipped_streak = int(restored_meta.get('skipped_streak', 0))
-            hooks.on_rewind(max(good))   # TensorBoard hides the abandoned steps
-            hooks.on_message(f'remediation: restored the checkpoint of step {max(good)} '
-                             f'(before onset at step {decision.restore_before})')
-            step = max(good)
-          else:
-            hooks.on_message('remediation: no checkpoint before the onset to restore')
-        if decision is not None and decision.reset_reference:
-          ref_params = reset_ref = jax.tree.map(jnp.copy, state.params)
-        if decision is not None and decision.restore_before is not None and good:
+        if execute(decision):
           continue   # rewound: the steps after the restored checkpoint run again
       # Non-finite parameters stop the run here unless 'auto' restored a checkpoint from before
       # them just above (incident nonfinite_params): halt raised above, off/warn stop here, and
       # so does auto when it did not restore (a watch open, restores used up, no checkpoint).
       # A non-finite loss or gradient (its update was skipped on the device) stops a run
-      # without the monitor and is reported by one with it.
+      # without the monitor and is reported by one with it; a streak of max_skipped such steps
+      # is an incident (skipped_streak) that 'auto' repairs as nonfinite_params, else it stops.
       bad = runs.check_finite(metrics, step, ckpt, workdir, stop_on_loss=mcfg is None)
       if bad and mode in ('off', 'warn'):
         hooks.on_message(f'step {step}: non-finite {bad}; the update was skipped')
-      skipped_streak = skipped_streak + 1 if bad else 0
-      runs.check_skipped_streak(skipped_streak, max_skipped, bad, step, ckpt, workdir)
+      if streak.observe(bad, metrics.get('update_skipped', 1.0)) >= max_skipped:
+        if mcfg is not None and execute(incidents.handle_streak(
+            streak.steps, max_skipped, step, remediator, hooks, incident_log)):
+          continue
+        runs.check_skipped_streak(streak.steps, max_skipped, bad, step, ckpt, workdir,
+                                  streak.skipped, streak.updates)
       last = step == total
       if step % config.train.eval_every == 0 or last:
         result = evaluator(state.params)
@@ -326,7 +324,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
       if step % config.train.ckpt_every == 0 or last or stopping:
         meta['wall_s'] = wall_before + time.time() - t_start
         meta['remediator'] = remediator.state_dict()
-        meta['skipped_streak'] = skipped_streak
+        streak.save(meta)
         runs.save_checkpoint(config, ckpt, step, state, data_it.get_state(), meta, hooks,
                              reference=reset_ref, stopping=stopping)
       if stopping and not last:

@@ -125,19 +125,74 @@ def test_a_streak_of_skipped_updates_stops_a_monitored_run(tmp_path):
   ~7e12), so from its second update on every loss and gradient is NaN and every update is
   skipped. The monitor reports it and the run used to go on to its end, learning nothing, and
   exit 0; it now stops after monitor.max_skipped_steps (5) such steps in a row, naming the last
-  checkpoint from before them."""
+  checkpoint from before them. The message counts the updates skipped: step 5's first one
+  (of the recipe's 2 per step) was applied, the one that made the parameters huge (it used to
+  say 'every update was skipped')."""
   config = overflow_config('warn', keep=10, **{'train.steps': 14})
   config.faults[0]['strength'] = 1e14
   with pytest.raises(trainer.TrainingError,
                      match=r'^5 steps in a row \(steps 5-9\) had a non-finite loss and grad_norm, '
-                           r'so every update was skipped \(config.monitor.max_skipped_steps=5\); '
-                           r'stopped; the latest checkpoint from before step 5: step 4, in '):
+                           r'so 9 of their 10 updates were skipped \(config.monitor.'
+                           r'max_skipped_steps=5\); stopped; the latest checkpoint from before '
+                           r'step 5: step 4, in '):
     trainer.run(config, str(tmp_path))
   with open(tmp_path / 'metrics.jsonl') as f:
     train = [json.loads(line) for line in f if '"kind": "train"' in line]
   assert [r['step'] for r in train] == list(range(1, 10))
   assert all(r['loss'] == 'NaN' and r['update_skipped'] > 0 for r in train[4:])
+  assert [r['update_skipped'] for r in train[3:]] == [0.0, 0.5, 1.0, 1.0, 1.0, 1.0]
   assert checkpoint_steps(tmp_path) == [2, 4, 6, 8]
+  streak = [e for e in incidents(str(tmp_path)) if e.get('signature') == 'skipped_streak']
+  assert [(e['step'], e['onset_step']) for e in streak] == [(9, 5)]   # reported; warn: no action
+
+
+def test_auto_mode_restores_from_before_a_streak_of_skipped_updates(tmp_path):
+  """auto: the streak of the test above (steps 5-9, 1e14x learning rate at step 5) is repaired
+  as non-finite parameters are (it used to stop the run as in warn): incident skipped_streak,
+  the checkpoint of step 4 restored, the learning rate lowered, the run going on to its end.
+  monitor.lr_factor=1e-14 makes the replayed step 5 run at the recipe's learning rate (see
+  test_auto_mode_restores_parameters_that_are_no_longer_finite)."""
+  config = overflow_config('auto', keep=10, **{'train.steps': 12, 'monitor.lr_factor': 1e-14,
+                                               'monitor.watch_steps': 3})
+  config.faults[0]['strength'] = 1e14
+  summary = trainer.run(config, str(tmp_path))
+  assert summary['steps'] == 12 and (tmp_path / 'summary.json').exists()
+  log = incidents(str(tmp_path))
+  found = [(e['step'], e['onset_step'], e['signature']) for e in log if e['kind'] == 'incident']
+  assert found[:2] == [(5, 5, 'nan_loss'), (9, 5, 'skipped_streak')], found
+  actions = [e for e in log if e['kind'] == 'action']
+  assert [a['action'] for a in actions[:2]] == ['skip_batch', 'restore_and_lower_lr']
+  assert actions[1]['restore_before'] == 5
+  assert actions[1]['controls']['lr_scale'] == pytest.approx(1e-14)
+  with open(tmp_path / 'metrics.jsonl') as f:
+    rows = [json.loads(line) for line in f]
+  assert any('restored the checkpoint of step 4' in r['text'] for r in rows
+             if r['kind'] == 'message')
+  train = [r for r in rows if r['kind'] == 'train']
+  assert [r['step'] for r in train][:10] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 5]
+  assert all(isinstance(r['loss'], float) for r in train[9:])   # finite from the replay on
+
+
+def test_auto_mode_stops_when_the_restored_streak_comes_back_during_the_watch(tmp_path):
+  """auto with the default lr_factor 0.1: the replay from step 4 at 1e13x overflows again and
+  skips steps 5-9 anew. The streak restarts from checkpoint 4's count (0; it would stop at the
+  replayed step 5 as 6 steps if the abandoned steps counted), and this time the restore's
+  action is still watched: no second restore, the run stops as in the other modes."""
+  config = overflow_config('auto', keep=10, **{'train.steps': 14})
+  config.faults[0]['strength'] = 1e14
+  with pytest.raises(trainer.TrainingError,
+                     match=r'^5 steps in a row \(steps 5-9\) had a non-finite loss and grad_norm, '
+                           r'so 9 of their 10 updates.*before step 5: step 4, in '):
+    trainer.run(config, str(tmp_path))
+  with open(tmp_path / 'metrics.jsonl') as f:
+    rows = [json.loads(line) for line in f]
+  assert [r['step'] for r in rows if r['kind'] == 'train'] == [1, 2, 3, 4, 5, 6, 7, 8, 9,
+                                                                 5, 6, 7, 8, 9]
+  log = incidents(str(tmp_path))
+  assert [(e['step'], e['signature']) for e in log if e.get('signature') == 'skipped_streak'
+          ] == [(9, 'skipped_streak')] * 2
+  assert [a['action'] for a in log if a['kind'] == 'action'] == ['skip_batch',
+                                                                 'restore_and_lower_lr']
 
 
 def test_a_rewind_restarts_the_skipped_streak_from_its_checkpoint(tmp_path):
@@ -213,6 +268,26 @@ def test_auto_mode_restores_parameters_that_are_no_longer_finite(tmp_path):
   for step in checkpoint_steps(tmp_path):
     state = ocp.PyTreeCheckpointer().restore(str(tmp_path / 'checkpoints' / str(step) / 'state'))
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(state['params'])), step
+
+
+def test_auto_mode_does_not_count_a_restore_without_a_checkpoint(tmp_path):
+  """auto with no checkpoint before the end (train.ckpt_every 100): the learning-rate fault's
+  remediation decides restores that find nothing to restore. The run goes on as before (the
+  action's controls apply from the current step), and none of them counts against the
+  remediator's max_restores: the final checkpoint's remediator state says 0 (it said 2)."""
+  config = faulty_config('auto')
+  config.train.ckpt_every = 100
+  trainer.run(config, str(tmp_path))
+  restoring = [e for e in incidents(str(tmp_path))
+               if e['kind'] == 'action' and e['restore_before'] is not None]
+  assert restoring, 'no restore decided'
+  with open(tmp_path / 'metrics.jsonl') as f:
+    missed = [r for r in map(json.loads, f) if r['kind'] == 'message'
+              and r['text'] == 'remediation: no checkpoint before the onset to restore']
+  assert len(missed) == len(restoring)
+  assert checkpoint_steps(tmp_path) == [30]
+  with open(tmp_path / 'checkpoints' / '30' / 'meta' / 'metadata') as f:
+    assert json.load(f)['remediator']['restores'] == 0
 
 
 class Rewinds(Hook):

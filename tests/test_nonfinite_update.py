@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import pytest
 
 from rft_jax.algorithms import train_state as ts
 
@@ -51,3 +52,26 @@ def test_a_non_finite_update_from_finite_gradients_is_skipped_too():
   for a, b in zip(jax.tree.leaves((new.params, new.opt_state)),
                   jax.tree.leaves((state.params, state.opt_state))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_update_skipped_of_a_step_counts_all_its_updates():
+  """Several updates per step (algo.updates_per_batch epochs, PPO's mini-batches within each):
+  'update_skipped' is the fraction of the step's updates skipped, over every epoch (it was the
+  last epoch's alone, so a step whose first update was skipped read 0, and one whose last was
+  read 1: 'every update was skipped'). The other metrics stay the last epoch's."""
+  from rft_jax.algorithms import step_fns   # pylint: disable=g-import-not-at-top
+  calls = []
+
+  def train_step(state, batch):
+    calls.append(batch)
+    skipped = jnp.float32([1.0, 0.0, 0.5][state])   # epoch 3: half its mini-batches skipped
+    return state + 1, {'update_skipped': skipped, 'critic/update_skipped': 1.0 - skipped,
+                       'loss': jnp.float32(state)}
+
+  state, metrics = step_fns.train_epochs(train_step, 0, 'batch', 3)
+  assert state == 3 and calls == ['batch'] * 3
+  assert float(metrics['update_skipped']) == pytest.approx(0.5)
+  assert float(metrics['critic/update_skipped']) == pytest.approx(0.5)
+  assert float(metrics['loss']) == 2.0
+  state, metrics = step_fns.train_epochs(train_step, 1, 'batch', 1)
+  assert state == 2 and float(metrics['update_skipped']) == 0.0

@@ -221,3 +221,99 @@ def test_non_finite_parameters_are_restored_or_left_to_stop_the_run(tmp_path):
   params = dict(incident(signature='nonfinite_params', onset=7), fault_class='nan_loss')
   assert Remediator('halt', Controls()).on_incident(params, 7).reason == (
       'nan_loss (signature nonfinite_params; mode halt)')
+
+
+class _NoCheckpoints:
+  """A checkpointer without any checkpoint (incidents.rewind only asks for its steps)."""
+
+  def all_steps(self):
+    return []
+
+
+class _Messages:
+  def __init__(self):
+    self.messages = []
+
+  def on_message(self, text):
+    self.messages.append(text)
+
+
+def test_a_restore_that_finds_no_checkpoint_is_not_counted():
+  """A restore the trainer cannot do (no checkpoint before the onset) does not use up one of
+  max_restores (it used to count): with max_restores=1, a later incident still gets its
+  restore. The rest of the decision stands (lowered LR, watch), as before."""
+  from rft_jax import incidents   # pylint: disable=g-import-not-at-top
+  r = Remediator('auto', Controls(), watch_steps=2, max_restores=1)
+  d = r.on_incident(incident(score=5.0, onset=3), 4)
+  assert d.restore_before == 3 and r.restores == 1
+  hooks = _Messages()
+  assert incidents.rewind(_NoCheckpoints(), d.restore_before, None, None, None, None, None, {},
+                          hooks, r) is None
+  assert hooks.messages == ['remediation: no checkpoint before the onset to restore']
+  assert r.restores == 0 and r.controls.lr_scale == pytest.approx(0.1) and r.watches
+  feed_health(r, range(4, 6), 0.8)                      # the watch ends (kept)
+  assert not r.watches
+  d = r.on_incident(dict(incident(score=5.0, onset=8), signature='kl_explosion',
+                         remediation='raise_kl_coef'), 9)
+  assert d is not None and d.restore_before == 8 and r.restores == 1
+  r.restore_missed()
+  assert r.restores == 0
+  r.restore_missed()                                    # never below 0
+  assert r.restores == 0
+
+
+def test_a_streak_of_skipped_steps_is_an_incident_that_auto_restores_from_before(tmp_path):
+  """monitor.max_skipped_steps steps in a row with skipped updates: the incident skipped_streak
+  (onset: the streak's first step) gets restore_and_lower_lr in auto, as nonfinite_params does,
+  under the same rules: no restore while another action is watched, none once restores are
+  used up. Other modes decide no restore (the trainer then stops the run)."""
+  from rft_jax import incidents   # pylint: disable=g-import-not-at-top
+  from rft_jax.telemetry.hooks import Hook   # pylint: disable=g-import-not-at-top
+  log = incidents.IncidentLog(str(tmp_path), 0)
+  r = Remediator('auto', Controls(), watch_steps=3, max_restores=1)
+  d = incidents.handle_streak(5, 5, 9, r, Hook(), log)
+  assert d.action == 'restore_and_lower_lr' and d.restore_before == 5
+  assert d.controls.lr_scale == pytest.approx(0.1) and not d.halt
+  found = [e for e in log.entries if e['kind'] == 'incident']
+  assert [(e['step'], e['onset_step'], e['signature'], e['fault_class'], e['score'])
+          for e in found] == [(9, 5, 'skipped_streak', 'nan_loss', 1.0)]
+  assert [e['action'] for e in log.entries if e['kind'] == 'action'] == ['restore_and_lower_lr']
+  assert describe_incident(9, found[0]).startswith(
+      'step 9: INCIDENT nan_loss [critical] since step 5, score 1 (invariant/nonfinite up 1)')
+  assert incidents.handle_streak(5, 5, 9, r, Hook(), log) is None   # during the watch
+  feed_health(r, range(5, 9), None)
+  assert incidents.handle_streak(6, 5, 12, r, Hook(), log) is None  # out of restores
+  assert incidents.handle_streak(5, 5, 9, Remediator('warn', Controls()), Hook(), log) is None
+  assert incidents.handle_streak(5, 5, 9, Remediator('halt', Controls()), Hook(), log).halt
+
+
+def test_the_skipped_streak_counts_steps_and_updates_and_round_trips_through_meta():
+  """Steps with a non-finite loss or gradient in a row, and how many of their updates were
+  skipped ('update_skipped', the fraction of a step's updates); a finite step ends the streak;
+  checkpoint meta carries both (meta from before the update count: not counted)."""
+  from rft_jax import incidents, runs   # pylint: disable=g-import-not-at-top
+  streak = incidents.SkippedStreak({}, updates=4)
+  assert streak.observe('loss', 0.25) == 1 and streak.observe('loss and grad_norm', 1.0) == 2
+  assert streak.skipped == 5
+  meta = {}
+  streak.save(meta)
+  again = incidents.SkippedStreak(meta, updates=4)
+  assert (again.steps, again.skipped) == (2, 5)
+  assert again.observe('', 0.0) == 0 and again.skipped == 0
+  old = incidents.SkippedStreak({'skipped_streak': 3}, updates=4)
+  assert old.observe('loss', 1.0) == 4 and old.skipped is None
+
+  class Ckpt:
+    def all_steps(self):
+      return [2, 4, 6]
+
+  with pytest.raises(runs.TrainingError, match=r'^2 steps in a row \(steps 6-7\) had a '
+                     r'non-finite loss, so 5 of their 8 updates were skipped \(config.monitor.'
+                     r'max_skipped_steps=2\); stopped; the latest checkpoint from before step 6:'
+                     r' step 4, in wd$'):
+    runs.check_skipped_streak(2, 2, 'loss', 7, Ckpt(), 'wd', 5, 4)
+  with pytest.raises(runs.TrainingError, match=r'loss, so every update was skipped \('):
+    runs.check_skipped_streak(2, 2, 'loss', 7, Ckpt(), 'wd', 2, 1)
+  with pytest.raises(runs.TrainingError, match=r'loss, so their updates were skipped, all or '):
+    runs.check_skipped_streak(4, 2, 'loss', 7, Ckpt(), 'wd', None, 4)
+  runs.check_skipped_streak(1, 2, 'loss', 7, Ckpt(), 'wd', 4, 4)   # below the limit

@@ -29,3 +29,21 @@ def make_step_fns(graphdef, algo, tx, schedule, shardings, batch_sh, rep, critic
                                       tx=tx, schedule=schedule),
                     out_shardings=(shardings, rep, batch_sh), donate_argnums=0)
   return prepare, train_step, fused
+
+
+SKIP_KEYS = ('update_skipped', 'critic/update_skipped')
+
+
+def train_epochs(train_step, state, batch, epochs: int):
+  """`epochs` (algo.updates_per_batch) calls of train_step on one prepared batch -> (state, the
+  last call's metrics, except that 'update_skipped' (and PPO's 'critic/update_skipped') is the
+  mean over all calls: the fraction of the step's optimiser updates that a non-finite loss or
+  gradient skipped, 1 when all were). A few scalar adds on the device; nothing waits on them."""
+  state, metrics = train_step(state, batch)
+  skipped = {k: metrics[k] for k in SKIP_KEYS if k in metrics}
+  for _ in range(epochs - 1):
+    state, metrics = train_step(state, batch)
+    skipped = {k: v + metrics[k] for k, v in skipped.items()}
+  if epochs > 1:
+    metrics = {**metrics, **{k: v / epochs for k, v in skipped.items()}}
+  return state, metrics

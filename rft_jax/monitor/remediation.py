@@ -19,15 +19,21 @@ decides. Modes (config.monitor.mode):
          end of its window, onset + watch_steps, before the step that took it). A signature
          whose action was undone gets no second action (it is still reported), and at most
          `max_restores` checkpoint restores happen per run: a fault that persists after a
-         restore would otherwise be detected, restored and replayed forever. One action is
-         watched at a time: a critical incident that fires meanwhile waits, and is acted on
-         when the watch ends if its signature is still active. Actions that change nothing
-         (skip_batch, warn_only) are recorded but not watched, so they block nothing.
+         restore would otherwise be detected, restored and replayed forever (one the trainer
+         could not do, no checkpoint preceding the onset, is not counted: restore_missed).
+         One action is watched at a time: a critical incident that fires meanwhile waits, and
+         is acted on when the watch ends if its signature is still active. Actions that
+         change nothing (skip_batch, warn_only) are recorded but not watched, so they block
+         nothing.
          Non-finite parameters (signature nonfinite_params) get restore_and_lower_lr like any
          restoring action. Whenever that restore does not happen at once (another action is
          being watched, restores used up, the action was undone before, no checkpoint before
          the onset) the trainer stops the run (runs.check_finite): a deferred incident is
-         fine for drifting signals, but no step may train on from broken parameters.
+         fine for drifting signals, but no step may train on from broken parameters. A streak
+         of monitor.max_skipped_steps steps whose update(s) a non-finite loss or gradient
+         skipped (signature skipped_streak, which the trainer reports in every mode) gets the
+         same action and the same rules: restored from before the streak, or else the run
+         stops (runs.check_skipped_streak), as it does in the other modes.
 
 Controls are run-time knobs (TrainState.controls and the sampler temperature):
   lower_lr          lr_scale *= lr_factor (0.1)
@@ -111,7 +117,7 @@ class Remediator:
     self.health_tol = health_tol
     self.max_escalations = max_escalations
     self.max_restores = max_restores
-    self.restores = 0                # checkpoint restores decided so far
+    self.restores = 0                # checkpoint restores done so far
     self.undone: set[str] = set()    # signatures whose action did not help
     self.health: dict[int, float] = {}   # step -> health signal (mean reward), latest pass
     self.watches: list[Watch] = []
@@ -134,6 +140,12 @@ class Remediator:
     self.health = {int(s): float(v) for s, v in d['health'].items()}
     self.deferred = list(d.get('deferred', ()))
     self.restores, self.undone = int(d.get('restores', 0)), set(d.get('undone', ()))
+
+  def restore_missed(self) -> None:
+    """The trainer found no checkpoint before the restore_before of the decision just taken
+    (or escalated): nothing was restored, so it does not count against max_restores. The rest
+    of the decision stands (its controls, its watch)."""
+    self.restores = max(0, self.restores - 1)
 
   def drain_log(self) -> list[dict[str, Any]]:
     """Decisions and verdicts since the last call (for incidents.jsonl and the hooks)."""

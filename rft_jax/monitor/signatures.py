@@ -21,6 +21,10 @@ rising (with it, the same lengths mean entropy_explosion).
 Remediation names are the actions the trainer knows: 'raise_kl_coef', 'lower_lr',
 'raise_temperature', 'reset_reference', 'restore_and_lower_lr', 'skip_batch', 'halt',
 'warn_only'.
+
+SKIPPED_STREAK is the one signature outside the table: a run of steps, not one step's signals,
+which the trainer counts on the host (config.monitor.max_skipped_steps) and reports as an
+incident like the others (its score: the streak over that limit).
 """
 from __future__ import annotations
 
@@ -159,6 +163,14 @@ SIGNATURES: tuple[Signature, ...] = (
               (C('mismatch/logp_abs_diff', 'up', 1.5),), 'warn_only',
               'sampler and trainer log-probs disagree: the update is off-policy'),
 )
+
+# --- host-side: a pattern over steps that the trainer evaluates (rft_jax/incidents.py
+# streak_incident), not part of the on-device table above ------------------------------------
+SKIPPED_STREAK = exact(
+    'skipped_streak', 'nan_loss', 'critical', 'invariant/nonfinite', 'restore_and_lower_lr',
+    'the loss or gradient was non-finite, and update(s) skipped, on monitor.max_skipped_steps '
+    'steps in a row: nothing is being learned (e.g. parameters finite but huge, or a loss NaN '
+    'for every batch); only a checkpoint from before the streak repairs it')
 del C, exact
 
 SIGNATURE_NAMES: tuple[str, ...] = tuple(s.name for s in SIGNATURES)
