@@ -118,7 +118,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   critic_opt = ppo.critic_optimizer(config, algo)   # {} unless PPO
   # The reference is the build's initial weights themselves, not a copy (nothing donates them):
   # one copy of the params less on the device, as memory.estimate counts it.
-  ref_params = c.params if algo.use_reference else None
+  ref_params = initial_ref = c.params if algo.use_reference else None
   skipped = (pipeline.BadRecords(f'{config.task.name} train split')
              if config.task.get('bad_records', 'error') == 'skip' else None)
   for reason in c.skipped_at_load if skipped is not None else ():   # GSM8K lines left out
@@ -223,8 +223,11 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
       rewound = incidents.rewind(ckpt, decision.restore_before, state, shardings, c.params,
                                  c.param_shardings, data_it, meta, hooks, remediator)
     if rewound is not None:
+      # The restored checkpoint's reference: the one remediation had reset before it, else
+      # the initial policy (a reset made after it belongs to the abandoned trajectory), as a
+      # resume from that checkpoint would read it.
       step, state, reset_ref, restored_meta = rewound
-      ref_params = reset_ref if reset_ref is not None else ref_params
+      ref_params = reset_ref if reset_ref is not None else initial_ref
       streak.load(restored_meta)
     if decision is not None and decision.reset_reference:
       ref_params = reset_ref = jax.tree.map(jnp.copy, state.params)

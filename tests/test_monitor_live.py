@@ -322,3 +322,47 @@ def test_auto_mode_restores_before_onset_and_lowers_the_lr(tmp_path):
   assert [s for s, _ in shown] == sorted(last)
   assert [v for _, v in shown] == pytest.approx([last[s] for s in sorted(last)], rel=1e-6)
   assert summary['steps'] == 30 and 'final_greedy_acc' in summary
+
+
+class StepMetrics(Hook):
+  """Every train record in the order logged (a rewind logs the replayed steps again)."""
+
+  def __init__(self):
+    self.rows = []
+
+  def on_step(self, step, metrics):
+    self.rows.append((step, dict(metrics)))
+
+
+def test_a_rewind_past_a_reference_reset_goes_back_to_the_initial_reference(tmp_path,
+                                                                             monkeypatch):
+  """A reset_reference decision at step 6 (restores step 4, the reference becomes that policy),
+  then a restore at step 9 to step 2, a checkpoint from before the reset: the replayed step 3
+  must score KL against the initial policy, as its first run did and as a resume from step 2
+  would. (The reference had stayed the reset one in memory while the next checkpoint saved
+  none.)"""
+  from rft_jax import incidents as incidents_lib  # pylint: disable=g-import-not-at-top
+  from rft_jax.monitor.remediation import Decision  # pylint: disable=g-import-not-at-top
+  config = tiny_config(**{'train.steps': 10, 'train.eval_every': 10, 'train.ckpt_every': 2,
+                          'train.keep_checkpoints': 10, 'monitor.mode': 'auto'})
+  plan = {6: dict(restore_before=5, reset_reference=True), 9: dict(restore_before=3)}
+  real = incidents_lib.handle_alarms
+
+  def scripted(alarms, step, remediator, *args, **kw):
+    real(alarms, step, remediator, *args, **kw)   # reports as usual; its decisions dropped
+    todo = plan.pop(step, None)
+    return None if todo is None else Decision('scripted', remediator.controls, **todo)
+
+  monkeypatch.setattr(incidents_lib, 'handle_alarms', scripted)
+  seen = StepMetrics()
+  trainer.run(config, str(tmp_path), hooks_extra=(seen,))
+  assert not plan, f'decisions not reached: {plan}'
+  kl3 = [m['kl'] for s, m in seen.rows if s == 3]
+  assert len(kl3) == 2, [s for s, _ in seen.rows]   # step 3's first run and its replay
+  assert kl3[0] > 0
+  assert kl3[1] == pytest.approx(kl3[0], rel=1e-5)
+  kl5 = [m['kl'] for s, m in seen.rows if s == 5]   # first run, after the reset, after rewind
+  # After the reset the step starts from its reference (KL 0 before the step's first update;
+  # 'kl' is the last update's).
+  assert len(kl5) == 3 and kl5[1] < 0.5 * kl5[0]
+  assert kl5[2] == pytest.approx(kl5[0], rel=1e-5)

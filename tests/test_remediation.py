@@ -103,6 +103,20 @@ def test_escalates_while_reward_stays_below_its_pre_onset_level():
   assert 'verdict on lower_lr (escalated 1x) for gradient_explosion' in lines[1], lines[1]
 
 
+def test_an_escalated_reference_reset_resets_the_reference_again():
+  """The escalation restores the checkpoint before the onset, which predates the first reset:
+  the decision must reset the reference again (else the trainer goes on from the initial one,
+  and an escalated reset_reference would undo itself)."""
+  r = Remediator('auto', Controls(), watch_steps=5)
+  feed_health(r, range(10, 20), 0.8)
+  first = r.on_incident(incident(remediation='reset_reference', signature='reward_hacking'), 22)
+  assert first.reset_reference and first.restore_before == 20
+  feed_health(r, range(16, 25), 0.5)                    # score fell but reward did not recover
+  d = r.on_step(25, {'reward_hacking': 0.0}, 0.5)
+  assert d.action == 'escalate_reset_reference' and d.restore_before == 20
+  assert d.reset_reference
+
+
 def test_verdict_line_of_an_undone_action():
   r = Remediator('auto', Controls(), watch_steps=5)
   feed_health(r, range(10, 20), 0.8)

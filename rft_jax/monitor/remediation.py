@@ -235,8 +235,9 @@ class Remediator:
         self.controls = apply_action(w.action, self.controls, self.lr_factor)
         self.watches.append(dataclasses.replace(
             w, until=w.onset + self.watch_steps, escalations=w.escalations + 1))
-        decision = self._record(step, Decision(
+        decision = self._record(step, Decision(   # the restore undoes a reset: reset again
             f'escalate_{w.action}', self.controls, restore_before=w.onset,
+            reset_reference=w.action == 'reset_reference',
             reason=(f'{w.signature}: reward {health_now:.3f} still below {w.health_before:.3f} '
                     f'before the onset')))
     self.watches = [dataclasses.replace(w, fresh=False) for w in self.watches]
