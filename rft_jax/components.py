@@ -157,15 +157,15 @@ def build(config, data: bool = True) -> Components:
 
 def memory_sizes(config) -> dict:
   """memory.estimate's keyword arguments for the recipe's batch, as its trainer sizes it: SFT one
-  row per example, no reference, no sampling; DPO a chosen and a rejected row per pair, a frozen
-  reference, online DPO sampling its prompts' groups; the RL recipes their rollout rows, with a
-  reference when algo.kl_coef > 0 or the monitor runs in 'auto', PPO's critic and mini-batches."""
+  row per example, no sampling; DPO a chosen and a rejected row per pair, online DPO sampling its
+  prompts' groups; the RL recipes their rollout rows, PPO's critic and mini-batches. No key for
+  the reference policy: every recipe keeps the initial weights (a reference is those arrays),
+  and memory.estimate counts them once for all."""
   from rft_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  from rft_jax.telemetry import flops  # pylint: disable=g-import-not-at-top
   prompt_len = config.task.max_prompt_len
   if config_lib.is_sft(config):
     return dict(rows=config.sft.batch_size, seq_len=prompt_len + config.sft.answer_len,
-                microbatches=1, reference=False, sample_rows=0)
+                microbatches=1, sample_rows=0)
   if config_lib.is_dpo(config):
     if config.dpo.mode == 'online':
       pairs, seq_len = config.rollout.prompts_per_step, prompt_len + config.rollout.max_new_tokens
@@ -173,12 +173,11 @@ def memory_sizes(config) -> dict:
     else:
       pairs, seq_len, sample_rows = config.dpo.batch_size, prompt_len + config.dpo.answer_len, 0
     return dict(rows=2 * pairs, seq_len=seq_len, microbatches=int(config.dpo.microbatches),
-                reference=True, sample_rows=sample_rows)
+                sample_rows=sample_rows)
   algo = config.get('algo', {})
   rows = config.rollout.prompts_per_step * config.rollout.group_size
   return dict(rows=rows, seq_len=prompt_len + config.rollout.max_new_tokens,
-              microbatches=int(algo.get('microbatches', 1)),
-              reference=flops.uses_reference(config), sample_rows=rows,
+              microbatches=int(algo.get('microbatches', 1)), sample_rows=rows,
               critic=memory.run_critic(config), minibatches=int(algo.get('minibatches', 1)),
               sampling_layout=config.rollout.get('weights_layout', 'train'))
 
@@ -198,13 +197,12 @@ def _memory_remedy(config) -> str:
 def check_memory(c: Components, config, algo=None) -> memory.MemoryEstimate:
   """Raises SetupError (one line) when the run's estimated per-device memory exceeds the device's
   (rft_jax/parallel/memory.py; no check where the device reports no limit, e.g. CPU). algo: the
-  GRPOConfig or PPOConfig of an RL recipe (its resolved micro-batches, reference pass, PPO's
-  critic and mini-batches); None sizes the run from the recipe (memory_sizes: SFT, DPO).
+  GRPOConfig or PPOConfig of an RL recipe (its resolved micro-batches, PPO's critic and
+  mini-batches); None sizes the run from the recipe (memory_sizes: SFT, DPO).
   Returns the estimate."""
   sizes = memory_sizes(config)
   if algo is not None:   # the trainer's resolved settings over the recipe's
-    sizes.update(microbatches=algo.microbatches, reference=algo.use_reference,
-                 critic=getattr(algo, 'critic', 'none'),
+    sizes.update(microbatches=algo.microbatches, critic=getattr(algo, 'critic', 'none'),
                  minibatches=getattr(algo, 'minibatches', 1))
   est = memory.estimate(c.model_cfg, c.mesh, **sizes)
   remedy = memory.RL_REMEDY if algo is not None else _memory_remedy(config)

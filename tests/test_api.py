@@ -320,7 +320,7 @@ def test_choose_mesh_prefers_data_parallel_then_shards():
   from rft_jax.parallel import memory  # pylint: disable=g-import-not-at-top
   config = tiny()
   model_cfg = components.model_config(config)
-  est = {shape: memory.estimate_run(config, model_cfg, shape, reference=True).peak
+  est = {shape: memory.estimate_run(config, model_cfg, shape).peak
          for shape in ((8, 1, 1), (1, 8, 1))}
   assert est[(1, 8, 1)] < est[(8, 1, 1)]
   assert api.choose_mesh(config, num_devices=8, device_bytes=None) == dict(data=8, fsdp=1,

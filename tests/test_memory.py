@@ -84,9 +84,9 @@ def test_activation_estimate_against_xla_temp_memory(remat, scan):
   assert 0.5 <= ratio <= 2.0, ratio
 
 def test_estimate_peak_and_check():
-  est = memory.estimate(CFG, (2, 2, 2), rows=16, seq_len=11, microbatches=2, reference=True)
+  est = memory.estimate(CFG, (2, 2, 2), rows=16, seq_len=11, microbatches=2)
   p = 4 * 19104
-  assert (est.params, est.optimizer, est.reference, est.grads) == (p, 2 * p, p, 2 * p)
+  assert (est.params, est.optimizer, est.initial, est.grads) == (p, 2 * p, p, 2 * p)
   assert (est.kv_cache, est.activations) == (11264, 155232)
   assert est.peak == 4 * p + max(11264, 2 * p + 155232) == 613728
   memory.check_fits(est, device_bytes=700_000)               # 613728 <= 0.9 * 700000
@@ -100,7 +100,7 @@ def test_estimate_peak_and_check():
 def test_sampling_copy_of_the_weights_without_fsdp():
   """rollout.weights_layout='no_fsdp': the sampler's copy is the params on (2,1,2): matrices
   split over tensor only (/2), the 5 norms whole: (76096 - 320) / 2 + 320 = 38208 params."""
-  est = memory.estimate(CFG, (2, 2, 2), rows=16, seq_len=11, microbatches=2, reference=True,
+  est = memory.estimate(CFG, (2, 2, 2), rows=16, seq_len=11, microbatches=2,
                         sampling_layout='no_fsdp')
   assert est.sampling_weights == 4 * 38208
   assert est.peak == est.persistent + max(11264 + 4 * 38208, est.grads + est.activations)
@@ -124,26 +124,78 @@ def test_components_check_memory_from_recipe(monkeypatch):
 
 
 def test_sft_and_dpo_are_sized_from_their_recipes():
-  """memory_sizes: SFT one row per example (no reference, no KV cache), offline DPO a chosen and
-  a rejected row per pair with a reference, online DPO sampling its prompts' groups."""
+  """memory_sizes: SFT one row per example (no KV cache), offline DPO a chosen and a rejected
+  row per pair, online DPO sampling its prompts' groups."""
   from configs import dpo_arith, online_dpo_arith, sft_arith  # pylint: disable=g-import-not-at-top
   sft, dpo, online = (m.get_config('tiny') for m in (sft_arith, dpo_arith, online_dpo_arith))
   prompt = sft.task.max_prompt_len
   assert components.memory_sizes(sft) == dict(
       rows=sft.sft.batch_size, seq_len=prompt + sft.sft.answer_len, microbatches=1,
-      reference=False, sample_rows=0)
+      sample_rows=0)
   assert components.memory_sizes(dpo) == dict(
       rows=2 * dpo.dpo.batch_size, seq_len=dpo.task.max_prompt_len + dpo.dpo.answer_len,
-      microbatches=dpo.dpo.microbatches, reference=True, sample_rows=0)
+      microbatches=dpo.dpo.microbatches, sample_rows=0)
   sizes = components.memory_sizes(online)
-  assert sizes['rows'] == 2 * online.rollout.prompts_per_step and sizes['reference']
+  assert sizes['rows'] == 2 * online.rollout.prompts_per_step
   assert sizes['sample_rows'] == online.rollout.prompts_per_step * online.rollout.group_size
   c = types.SimpleNamespace(model_cfg=CFG, mesh=(1, 1, 1))
   est = components.check_memory(c, dpo)
-  assert est.reference == est.params and est.kv_cache == 0
+  assert est.initial == est.params and est.kv_cache == 0   # the reference: counted once
   assert est.activations == memory.activation_bytes(CFG, (1, 1, 1), 2 * dpo.dpo.batch_size,
                                                     dpo.task.max_prompt_len + dpo.dpo.answer_len,
                                                     dpo.dpo.microbatches)
+
+
+@pytest.mark.parametrize('recipe,overrides', [
+    ('sft_arith', {}), ('grpo_arith', {'algo.kl_coef': 0.0}), ('grpo_arith', {}),
+    ('dpo_arith', {})])
+def test_the_initial_weights_are_counted_once_for_every_recipe(recipe, overrides):
+  """Every trainer keeps components.build's params beside the trained copy for the whole run
+  (base eval, restore template; the reference policy where there is one is those same arrays).
+  The tiny model (see test_ppo_recipe_counts_its_critic) has 789888 float32 params, P = 4 *
+  789888 bytes on one device: params P + the initial weights P + AdamW 2P, with a reference or
+  without. Before, SFT and GRPO with kl_coef=0 left the initial weights out (3P)."""
+  from rft_jax import api  # pylint: disable=g-import-not-at-top
+  from rft_jax.algorithms import ppo  # pylint: disable=g-import-not-at-top
+  from rft_jax.telemetry import flops  # pylint: disable=g-import-not-at-top
+  config = api.load_config(f'{recipe}:tiny', overrides)
+  model_cfg = components.model_config(config)
+  assert model_cfg.num_params() == 789888 and model_cfg.dtype == 'float32'
+  p = 4 * 789888
+  algo = None
+  if 'algo' in config:   # as the RL trainer resolves it
+    algo = ppo.algo_config(config, use_reference=config.monitor.mode == 'auto')
+    assert algo.use_reference == flops.uses_reference(config) == bool(config.algo.kl_coef)
+  c = types.SimpleNamespace(model_cfg=model_cfg, mesh=(1, 1, 1))
+  est = components.check_memory(c, config, algo)
+  assert est.persistent == 4 * p == 12638208
+  assert (est.params, est.initial, est.optimizer) == (p, p, 2 * p)
+  assert 'initial 0.00' in est.describe()
+
+
+def test_the_initial_weights_stay_alive_beside_the_train_state():
+  """What `initial` counts is on the device: runs.init_state copies components.build's params
+  into the train state (nothing donates them) and the build's stay alive, so after building an
+  SFT run the live arrays grow by the estimate's params + initial + optimizer (4P; the step
+  counters are a few bytes)."""
+  import gc  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from rft_jax import api, runs  # pylint: disable=g-import-not-at-top
+  from rft_jax.algorithms import train_state as ts  # pylint: disable=g-import-not-at-top
+  config = api.load_config('sft_arith:tiny')
+  gc.collect()
+  live = lambda: sum(x.nbytes for x in jax.live_arrays())
+  before = live()
+  c = components.build(config, data=False)
+  tx = ts.make_optimizer(config.optim)
+  state = runs.init_state(c.params, tx, runs.state_shardings(c, tx))
+  gc.collect()
+  grown = live() - before
+  est = components.check_memory(c, config)
+  for kept, trained in zip(jax.tree.leaves(c.params), jax.tree.leaves(state.params)):
+    assert not kept.is_deleted()
+    assert kept.unsafe_buffer_pointer() != trained.unsafe_buffer_pointer()
+  assert 0 <= grown - est.persistent < 1024, (grown, est.describe())
 
 
 @pytest.mark.parametrize('recipe', ['sft_arith', 'dpo_arith'])
@@ -183,7 +235,7 @@ def test_ppo_critic_by_hand():
   B = 16 rows of S = 11 tokens, B / n = 4 rows per device): the value head is E + 1 = 65 float32
   (replicated) = 260 bytes; a 'separate' critic adds a backbone sharded like the policy, p."""
   p, head = 4 * 19104, 4 * 65
-  kw = dict(rows=16, seq_len=11, microbatches=2, reference=True)
+  kw = dict(rows=16, seq_len=11, microbatches=2)
   none = memory.estimate(CFG, (2, 2, 2), **kw)
   assert (none.critic, none.critic_step) == (0, 0) and 'critic' not in none.describe()
   values_returns = 2 * 4 * 4 * 10                   # old values, returns: f32 [B / n, S - 1]
@@ -210,8 +262,9 @@ def test_ppo_recipe_counts_its_critic(monkeypatch):
   params, P = 3159552 bytes; B = 16 rows of S = 8 + 6 = 14 tokens, 1 micro-batch, 2 mini-batch
   updates of 8 rows. A separate critic adds, over the shared one's value head: its backbone P,
   AdamW 2P, grads P, and the backbone's activations on a mini-batch
-  4 layers * 8 * 14 * (4 * (6*128 + 3*6*32 + 4*384) + 12*4*14) = 448 * 12192 = 5462016. The shared head: 3 * 4 * 129 = 1548 kept, 516 grads, and old
-  values + returns 2 * 4 * 16 * 13 = 1664."""
+  4 layers * 8 * 14 * (4 * (6*128 + 3*6*32 + 4*384) + 12*4*14) = 448 * 12192 = 5462016. The
+  shared head: 3 * 4 * 129 = 1548 kept, 516 grads, and old values + returns 2 * 4 * 16 * 13 =
+  1664."""
   from configs import ppo_arith  # pylint: disable=g-import-not-at-top
   from rft_jax.algorithms import ppo  # pylint: disable=g-import-not-at-top
   config = ppo_arith.get_config('tiny')
@@ -221,10 +274,10 @@ def test_ppo_recipe_counts_its_critic(monkeypatch):
     config.algo.critic = mode
     algo = ppo.algo_config(config, use_reference=True)
     peak[mode] = components.check_memory(c, config, algo).peak
-    assert memory.estimate_run(config, c.model_cfg, (1, 1, 1), reference=True).peak == peak[mode]
+    assert memory.estimate_run(config, c.model_cfg, (1, 1, 1)).peak == peak[mode]
   assert peak['separate'] - peak['shared'] == 4 * 3159552 + 5462016
   config.algo.critic, config.algo.advantage = 'none', 'grpo'   # the GRPO recipe, no critic
-  none = memory.estimate_run(config, c.model_cfg, (1, 1, 1), reference=True)
+  none = memory.estimate_run(config, c.model_cfg, (1, 1, 1))
   assert peak['shared'] - none.peak == 1548 + 516 + 1664
   # A device whose 90% holds the shared critic's run but not the separate one's refuses it.
   monkeypatch.setattr(memory, 'device_memory_bytes', lambda device=None: int(peak['shared'] / .9))
@@ -239,7 +292,7 @@ def test_choose_mesh_counts_a_separate_critic():
   shared = api.load_config('ppo_arith:tiny')
   separate = api.load_config('ppo_arith:tiny', {'algo.critic': 'separate'})
   model_cfg = components.model_config(shared)
-  dp = {name: memory.estimate_run(cfg, model_cfg, (8, 1, 1), reference=True).peak
+  dp = {name: memory.estimate_run(cfg, model_cfg, (8, 1, 1)).peak
         for name, cfg in (('shared', shared), ('separate', separate))}
   assert dp['separate'] > dp['shared']
   device_bytes = int(dp['shared'] / 0.9) + 1

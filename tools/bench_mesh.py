@@ -128,8 +128,7 @@ def main():
                                        schedule=schedule),
                      in_shardings=(st_sh, b_sh), out_shardings=(st_sh, rep))
       dt_t = timed(step, (state, jax.device_put(batch, b_sh)), args.repeats)
-    est = memory.estimate_run(config, c.model_cfg, mesh, microbatches=algo.microbatches,
-                              reference=algo.use_reference)
+    est = memory.estimate_run(config, c.model_cfg, mesh, microbatches=algo.microbatches)
     print(f'{label:>15} | {rows * t_new / dt_s:13,.0f} | '
           f'{batch["tokens"].size / dt_t:11,.0f} | {est.peak / 2**20:12.2f} MiB')
 

@@ -170,7 +170,7 @@ print(f'{config.name}: {len(questions)} questions, longest prompt {prompt_len} t
 # ## The mesh, from the devices found
 #
 # `api.choose_mesh` takes all-data-parallel when the estimated per-device memory (params, AdamW
-# state, the reference copy, gradients, KV cache, activations: `rft_jax/parallel/memory.py`)
+# state, the initial weights, gradients, KV cache, activations: `rft_jax/parallel/memory.py`)
 # fits in 90% of one device, else shards the params over the devices (FSDP), then adds tensor
 # parallelism. It fails with one line when nothing fits.
 
@@ -180,8 +180,7 @@ from rft_jax.parallel import memory
 mesh = api.choose_mesh(config)
 config = api.load_config(RECIPE, {**overrides, **{f'mesh.{k}': v for k, v in mesh.items()}})
 shape = tuple(mesh[a] for a in ('data', 'fsdp', 'tensor'))
-estimate = memory.estimate_run(config, hf_config, shape, microbatches=config.algo.microbatches,
-                               reference=config.algo.kl_coef > 0)
+estimate = memory.estimate_run(config, hf_config, shape, microbatches=config.algo.microbatches)
 device_bytes = memory.device_memory_bytes()
 print(f'{jax.device_count()} {BACKEND} device(s) -> mesh data x fsdp x tensor = {shape}; '
       f'estimated {estimate.describe()}'

@@ -7,10 +7,14 @@ With mesh (d, f, t), n = d * f (batch rows are split n ways), c = bytes of the c
                data replicates params
   optimizer    2 * params                      AdamW mu and nu, float32, sharded like the params
                                                (the step counters are scalars: ignored)
-  reference    params, when the recipe keeps a reference policy (kl_coef > 0 / monitor 'auto';
-               DPO): the build's initial weights, which the trainers keep. Not counted: SFT and
-               an RL recipe without a reference keep them too (the base eval, the restore
-               template), one params' worth more than the estimate
+  initial      params: the build's initial weights (components.build's params), which every
+               recipe keeps for the whole run next to the trained copy: the base eval (RL,
+               DPO), the template a checkpoint's reference is restored against (runs.open_run),
+               and, where the recipe has a reference policy (kl_coef > 0 / monitor 'auto';
+               DPO), the reference itself (the same arrays, not a copy: counted once). Not
+               counted: once 'auto' remediation resets the reference (or a restore or resume
+               reads a reset one from a checkpoint), it is a copy of its own, one params' worth
+               more
   grads        params, x 2 with micro-batches > 1 (the accumulator and one micro-batch's grads)
   kv_cache     2 * layers * (B / n) * S * (K / t) * D * c
                B = prompts_per_step * group_size rows, S = max_prompt_len + max_new_tokens;
@@ -57,7 +61,7 @@ With mesh (d, f, t), n = d * f (batch rows are split n ways), c = bytes of the c
                forward + backward activations on the same rows: activations without the LM-head
                term (the critic's logits are unused; XLA drops them)
 
-  peak = params + optimizer + reference + critic
+  peak = params + optimizer + initial + critic
          + max(kv_cache + sampling_weights, grads + activations + critic_step)
   (sampling and the train step run one after the other; the KV cache and the sampling copy live
   only while sampling)
@@ -90,7 +94,7 @@ class MemoryEstimate:
   """Per-device bytes of each part (see the module docstring for the formulas)."""
   params: int
   optimizer: int
-  reference: int
+  initial: int              # the build's initial weights (the reference, where there is one)
   grads: int
   kv_cache: int
   activations: int
@@ -100,7 +104,7 @@ class MemoryEstimate:
 
   @property
   def persistent(self) -> int:
-    return self.params + self.optimizer + self.reference + self.critic
+    return self.params + self.optimizer + self.initial + self.critic
 
   @property
   def peak(self) -> int:
@@ -111,7 +115,7 @@ class MemoryEstimate:
     """'<peak> GiB per device (<part> <GiB>, ...)'; the optional parts only when non-zero."""
     optional = ('sampling_weights', 'critic', 'critic_step')
     parts = ', '.join(f'{k} {getattr(self, k) / GIB:.2f}' for k in
-                      ('params', 'optimizer', 'reference', 'critic', 'grads', 'kv_cache',
+                      ('params', 'optimizer', 'initial', 'critic', 'grads', 'kv_cache',
                        'activations', 'critic_step', 'sampling_weights')
                       if k not in optional or getattr(self, k))
     return f'{self.peak / GIB:.2f} GiB per device ({parts} GiB)'
@@ -209,7 +213,7 @@ def run_critic(config) -> str:
 
 
 def estimate(model_cfg: ModelConfig, mesh, *, rows: int, seq_len: int, microbatches: int = 1,
-             reference: bool = False, sampling_layout: str = 'train',
+             sampling_layout: str = 'train',
              sample_rows: int | None = None, critic: str = 'none',
              minibatches: int = 1) -> MemoryEstimate:
   """Per-device MemoryEstimate for B = rows trained rows of seq_len tokens, sample_rows of them
@@ -230,7 +234,7 @@ def estimate(model_cfg: ModelConfig, mesh, *, rows: int, seq_len: int, microbatc
                 if critic == 'separate' else 0)
     critic_step = c * grads_x + values_returns + backbone
   return MemoryEstimate(
-      params=p, optimizer=2 * p, reference=p if reference else 0,
+      params=p, optimizer=2 * p, initial=p,
       grads=p * grads_x,
       kv_cache=kv_cache_bytes(model_cfg, mesh, rows if sample_rows is None else sample_rows,
                               seq_len),
@@ -239,7 +243,7 @@ def estimate(model_cfg: ModelConfig, mesh, *, rows: int, seq_len: int, microbatc
 
 
 def estimate_run(config, model_cfg: ModelConfig, mesh, *, microbatches: int = 1,
-                 reference: bool = False, critic: str | None = None,
+                 critic: str | None = None,
                  minibatches: int | None = None) -> MemoryEstimate:
   """estimate() with the recipe's sizes: rows = rollout.prompts_per_step * rollout.group_size,
   seq_len = task.max_prompt_len + rollout.max_new_tokens; critic: default run_critic(config);
@@ -247,7 +251,6 @@ def estimate_run(config, model_cfg: ModelConfig, mesh, *, microbatches: int = 1,
   rows = config.rollout.prompts_per_step * config.rollout.group_size
   seq_len = config.task.max_prompt_len + config.rollout.max_new_tokens
   return estimate(model_cfg, mesh, rows=rows, seq_len=seq_len, microbatches=microbatches,
-                  reference=reference,
                   sampling_layout=config.rollout.get('weights_layout', 'train'),
                   critic=run_critic(config) if critic is None else critic,
                   minibatches=(int(_algo(config).get('minibatches', 1)) if minibatches is None
