@@ -18,7 +18,9 @@ with it (check) before the checkpoint is read (SFT, and GRPO without KL or remed
 reference and are not checked). Files are compared by size and CRC-32 of their contents (~1 s
 per GB read); one whose absolute path, size and modification time equal the recorded ones is
 taken as unchanged without reading it, so resuming in place reads nothing. The directory may
-move; a file added to or missing from an init_from directory counts as another policy.
+move. Of an init_from directory only the files orbax reads as the params count (policy_names):
+one of them added or missing counts as another policy; anything else beside them (a README,
+.DS_Store, notes, orbax's commit_success.txt) is ignored.
 """
 import json
 import os
@@ -30,6 +32,14 @@ from rft_jax.checkpoint import file_crc32
 from rft_jax.models import hf_checkpoint
 
 RECORD = 'initial_policy.json'
+
+# What orbax reads from a params directory (checkpoint.save_params): its metadata files at the
+# top, named with a leading '_' (_CHECKPOINT_METADATA, _METADATA, _sharding), the OCDBT store
+# (manifest.ocdbt, d/, ocdbt.process_<i>/) and array_metadatas/, or, saved without OCDBT, one
+# zarr directory per array (it holds .zarray, or zarr.json for zarr3).
+_ORBAX_DIRS = ('d', 'array_metadatas')
+_ZARR_ARRAY = ('.zarray', 'zarr.json')
+_ZARR_HIDDEN = ('.zarray', '.zattrs', '.zgroup', '.zmetadata')
 
 
 def source(config) -> tuple[str, str]:
@@ -43,11 +53,26 @@ def source(config) -> tuple[str, str]:
   return 'random', ''
 
 
+def policy_names(names) -> set[str]:
+  """Those of `names` (paths relative to an init_from directory) that orbax reads as the params
+  (see _ORBAX_DIRS), less hidden files anywhere (.DS_Store, macOS ._*, editor files)."""
+  split = [(n, n.split(os.sep)) for n in names]
+  zarr = {parts[0] for _, parts in split if len(parts) == 2 and parts[1] in _ZARR_ARRAY}
+
+  def read(parts):
+    if any(p.startswith('.') and p not in _ZARR_HIDDEN for p in parts):
+      return False
+    if len(parts) == 1:
+      return parts[0].startswith('_') or parts[0] == 'manifest.ocdbt'
+    return parts[0] in _ORBAX_DIRS or parts[0].startswith('ocdbt.process_') or parts[0] in zarr
+  return {n for n, parts in split if read(parts)}
+
+
 def _files(kind: str, path: str) -> dict[str, str]:
   """{name relative to path: absolute file} of the files the initial policy is read from."""
   if kind == 'model.path':
     files = sorted(set(hf_checkpoint.weight_map(path).values()))
-  else:   # an orbax params directory: every file in it, through symlinked directories too
+  else:   # an orbax params directory: its files, through symlinked directories too
     files, seen = [], set()
     for d, subdirs, names in os.walk(path, followlinks=True):
       real = os.path.realpath(d)
@@ -56,7 +81,8 @@ def _files(kind: str, path: str) -> dict[str, str]:
         continue
       seen.add(real)
       files += [os.path.join(d, f) for f in names]
-    files = sorted(files)
+    named = {os.path.relpath(f, path): f for f in files}
+    return {name: named[name] for name in sorted(policy_names(named))}
   return {os.path.relpath(f, path): f for f in files}
 
 
@@ -110,6 +136,8 @@ def check(config, workdir: str) -> dict:
   if kind == 'random':
     return {'source': kind, 'seed': int(config.seed)}
   files, recorded = _files(kind, path), theirs.get('files', {})
+  if kind == 'init_from':   # a record written before policy_names listed every file there
+    recorded = {name: recorded[name] for name in policy_names(recorded)}
   if set(files) != set(recorded):
     listed = lambda names: ', '.join(sorted(names)[:3]) + (' ...' if len(names) > 3 else '')
     added, missing = set(files) - set(recorded), set(recorded) - set(files)

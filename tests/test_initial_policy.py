@@ -66,12 +66,12 @@ def test_model_path_may_move_but_not_change(tmp_path):
 def test_init_from_changed_in_place_or_another_source(tmp_path):
   workdir = str(tmp_path / 'run')
   base = tmp_path / 'base'
-  (base / 'sub').mkdir(parents=True)
-  (base / 'sub' / 'a').write_bytes(b'0123')
+  (base / 'd').mkdir(parents=True)
+  (base / 'd' / 'a').write_bytes(b'0123')
   _recorded(_config(init_from=str(base)), workdir)
   initial_policy.check(_config(init_from=str(base)), workdir)
-  (base / 'sub' / 'a').write_bytes(b'0124')   # the same path rewritten (mtime changes)
-  with pytest.raises(components.SetupError, match=r'sub/a differs'):
+  (base / 'd' / 'a').write_bytes(b'0124')   # the same path rewritten (mtime changes)
+  with pytest.raises(components.SetupError, match=r'd/a differs'):
     initial_policy.check(_config(init_from=str(base)), workdir)
   with pytest.raises(components.SetupError, match=r'^the initial policy is a random init with '
                      r"config.seed=0, but the run in .* started from config.init_from='.*base'"):
@@ -108,13 +108,13 @@ def test_cli_resume_with_another_seed_is_refused(tmp_path):
 
 def test_init_from_through_a_symlinked_directory_and_added_files(tmp_path):
   """Files under a symlinked subdirectory count (orbax reads through it); an added or missing
-  file is named in the error, not every file listed."""
+  file of the checkpoint is named in the error, not every file listed."""
   workdir = str(tmp_path / 'run')
   base, elsewhere = tmp_path / 'base', tmp_path / 'elsewhere'
   (elsewhere / 'd').mkdir(parents=True)
   (elsewhere / 'd' / 'data').write_bytes(b'0123')
   base.mkdir()
-  (base / 'meta').write_bytes(b'm')
+  (base / '_METADATA').write_bytes(b'm')
   os.symlink(elsewhere, base / 'ocdbt.process_0')
   os.symlink(base, elsewhere / 'loop')   # a loop must not recurse forever
   record = _recorded(_config(init_from=str(base)), workdir)
@@ -123,9 +123,13 @@ def test_init_from_through_a_symlinked_directory_and_added_files(tmp_path):
   with pytest.raises(components.SetupError, match=r'ocdbt.process_0/d/data differs'):
     initial_policy.check(_config(init_from=str(base)), workdir)
   (elsewhere / 'd' / 'data').write_bytes(b'0123')
-  (base / 'NOTES.txt').write_text('x')
+  (elsewhere / 'd' / 'more').write_bytes(b'4567')
   with pytest.raises(components.SetupError, match=r"^config.init_from='.*base' holds other "
-                     r'files \(added: NOTES.txt\), but the run in'):
+                     r'files \(added: ocdbt.process_0/d/more\), but the run in'):
+    initial_policy.check(_config(init_from=str(base)), workdir)
+  (elsewhere / 'd' / 'more').unlink()
+  (base / '_METADATA').unlink()
+  with pytest.raises(components.SetupError, match=r'other files \(missing: _METADATA\)'):
     initial_policy.check(_config(init_from=str(base)), workdir)
 
 
@@ -140,3 +144,50 @@ def test_cli_resume_without_a_reference_may_change_the_seed(tmp_path):
     done = subprocess.run(cmd + extra, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_files_beside_an_init_from_checkpoint_are_not_the_policy(tmp_path):
+  """Only what orbax reads as the params is the initial policy: a README, .DS_Store (also inside
+  its data directory), notes or a copy of something else next to the checkpoint are ignored,
+  added, edited or removed (they used to count as other initial weights and refuse the resume).
+  A record written when every file counted (README.txt and commit_success.txt in it) still
+  resumes; the weights themselves are still checked."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from rft_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  workdir, base = str(tmp_path / 'run'), tmp_path / 'base'
+  checkpoint.save_params(str(base), {'w': jnp.ones((4, 4)), 'b': jnp.zeros(3)})
+  saved = sorted(initial_policy.describe(_config(init_from=str(base)))['files'])
+  assert '_CHECKPOINT_METADATA' in saved and 'manifest.ocdbt' in saved
+  (base / 'README.txt').write_text('the SFT base policy')
+  (base / '.DS_Store').write_bytes(b'\0')
+  (base / 'd' / '.DS_Store').write_bytes(b'\0')
+  (base / 'notes').mkdir()
+  (base / 'notes' / 'eval.json').write_text('{}')
+  record = _recorded(_config(init_from=str(base)), workdir)
+  assert sorted(record['files']) == saved
+  (base / 'README.txt').write_text('edited')
+  (base / 'd' / '.DS_Store').unlink()
+  (base / 'CHANGES.md').write_text('x')
+  initial_policy.check(_config(init_from=str(base)), workdir)
+  old = dict(record, files={**record['files'], 'README.txt': {'size': 1, 'crc32': 1},
+                            'commit_success.txt': {'size': 1, 'crc32': 1}})
+  initial_policy.record(workdir, old)
+  initial_policy.check(_config(init_from=str(base)), workdir)
+  data = next(n for n in saved if n.startswith('d' + os.sep))
+  (base / data).write_bytes(b'x' + (base / data).read_bytes()[1:])
+  with pytest.raises(components.SetupError, match=f'its {data} differs'):
+    initial_policy.check(_config(init_from=str(base)), workdir)
+  assert 'commit_success.txt' not in saved   # orbax's marker: the path it wrote, no weights
+
+
+def test_policy_names_without_ocdbt_and_for_the_shipped_base():
+  """Saved without OCDBT, orbax writes one zarr directory per array (its .zarray kept, a
+  directory without one ignored); the shipped base policy is every file but commit_success.txt."""
+  names = ['_CHECKPOINT_METADATA', '_METADATA', '_sharding', 'array_metadatas/process_0',
+           'commit_success.txt', 'embed/.zarray', 'embed/0.0', 'layers.0.w/.zarray',
+           'layers.0.w/0.0', 'layers.0.w/.DS_Store', 'misc/0.0', 'README']
+  assert initial_policy.policy_names(names) == set(names) - {
+      'commit_success.txt', 'layers.0.w/.DS_Store', 'misc/0.0', 'README'}
+  base = os.path.join(REPO, 'rft_jax', 'assets', 'arith_base')
+  every = {os.path.relpath(os.path.join(d, f), base) for d, _, fs in os.walk(base) for f in fs}
+  assert initial_policy.policy_names(every) == every - {'commit_success.txt'}
