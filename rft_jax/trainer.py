@@ -215,9 +215,12 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   streak = incidents.SkippedStreak(meta, runs.updates_per_step(config))
   max_skipped = config.monitor.get('max_skipped_steps', 5) if mcfg is not None else 1
 
+  ref_before_reset = None   # (ref_params, reset_ref) before remediation's latest reset
+
   def execute(decision) -> bool:
-    """A remediation decision's restore and reference reset -> whether the run rewound."""
-    nonlocal state, step, ref_params, reset_ref
+    """A remediation decision's restore and reference reset (or its undo) -> whether the run
+    rewound."""
+    nonlocal state, step, ref_params, reset_ref, ref_before_reset
     rewound = None
     if decision is not None and decision.restore_before is not None:
       rewound = incidents.rewind(ckpt, decision.restore_before, state, shardings, c.params,
@@ -230,7 +233,11 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
       ref_params = reset_ref if reset_ref is not None else initial_ref
       streak.load(restored_meta)
     if decision is not None and decision.reset_reference:
+      ref_before_reset = ref_params, reset_ref
       ref_params = reset_ref = jax.tree.map(jnp.copy, state.params)
+    if decision is not None and decision.undo_reference_reset:   # (after a resume: the initial)
+      ref_params, reset_ref = ref_before_reset or (initial_ref, None)
+      ref_before_reset = None
     return rewound is not None
 
   stop = runs.StopRequest()   # SIGTERM / SIGINT: finish this step, checkpoint, exit

@@ -366,3 +366,27 @@ def test_a_rewind_past_a_reference_reset_goes_back_to_the_initial_reference(tmp_
   # 'kl' is the last update's).
   assert len(kl5) == 3 and kl5[1] < 0.5 * kl5[0]
   assert kl5[2] == pytest.approx(kl5[0], rel=1e-5)
+
+
+def test_an_undone_reference_reset_goes_back_to_the_reference_before_it(tmp_path, monkeypatch):
+  """A reset_reference decision at step 6 (restores step 4; the reference becomes that policy,
+  saved with the checkpoints after it), undone at step 8: the steps after score KL against the
+  initial policy again, and the checkpoints from step 8 on hold no reset reference."""
+  from rft_jax import incidents as incidents_lib  # pylint: disable=g-import-not-at-top
+  from rft_jax.monitor.remediation import Decision  # pylint: disable=g-import-not-at-top
+  config = tiny_config(**{'train.steps': 10, 'train.eval_every': 10, 'train.ckpt_every': 2,
+                          'train.keep_checkpoints': 10, 'monitor.mode': 'auto'})
+  plan = {6: dict(restore_before=5, reset_reference=True), 8: dict(undo_reference_reset=True)}
+  real = incidents_lib.handle_alarms
+
+  def scripted(alarms, step, remediator, *args, **kw):
+    real(alarms, step, remediator, *args, **kw)
+    todo = plan.pop(step, None)
+    return None if todo is None else Decision('scripted', remediator.controls, **todo)
+
+  monkeypatch.setattr(incidents_lib, 'handle_alarms', scripted)
+  trainer.run(config, str(tmp_path), hooks_extra=(StepMetrics(),))
+  assert not plan, f'decisions not reached: {plan}'
+  has_ref = {s: os.path.isdir(tmp_path / 'checkpoints' / str(s) / 'reference')
+             for s in (4, 6, 8, 10)}
+  assert has_ref == {4: False, 6: True, 8: False, 10: False}

@@ -117,6 +117,16 @@ def test_an_escalated_reference_reset_resets_the_reference_again():
   assert d.reset_reference
 
 
+def test_an_undone_reference_reset_says_so():
+  r = Remediator('auto', Controls(), watch_steps=5)
+  feed_health(r, range(10, 20), 0.8)
+  r.on_incident(incident(remediation='reset_reference', signature='reward_hacking'), 22)
+  feed_health(r, range(16, 25), 0.8)
+  d = r.on_step(25, {'reward_hacking': 6.0}, 0.8)        # the score did not fall
+  assert d.action == 'undo_reset_reference' and d.undo_reference_reset
+  assert d.restore_before is None and not d.reset_reference
+
+
 def test_verdict_line_of_an_undone_action():
   r = Remediator('auto', Controls(), watch_steps=5)
   feed_health(r, range(10, 20), 0.8)

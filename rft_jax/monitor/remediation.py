@@ -39,7 +39,8 @@ Controls are run-time knobs (TrainState.controls and the sampler temperature):
   lower_lr          lr_scale *= lr_factor (0.1)
   raise_kl_coef     kl_coef = max(kl_coef * 2, min_kl_coef)
   raise_temperature temperature *= 1.25
-  reset_reference   the reference policy becomes the restored policy
+  reset_reference   the reference policy becomes the restored policy (undone: back to the one
+                    before)
   skip_batch        nothing beyond the on-device skip of non-finite updates
   halt              stop the run (e.g. a credit-assignment bug: no knob fixes code)
   warn_only         report only
@@ -72,6 +73,7 @@ class Decision:
   restore_before: int | None = None
   onset: int | None = None
   reset_reference: bool = False
+  undo_reference_reset: bool = False   # the reference goes back to the one before the reset
   halt: bool = False
   reason: str = ''
 
@@ -228,6 +230,7 @@ class Remediator:
         self.undone.add(w.signature)
         self.controls = w.controls_before
         decision = self._record(step, Decision(f'undo_{w.action}', self.controls,
+                                               undo_reference_reset=w.action == 'reset_reference',
                                                reason=f'{w.signature} score did not fall'))
       elif (not recovered and w.escalations < self.max_escalations
             and self.restores < self.max_restores):
