@@ -151,16 +151,17 @@ def handle_streak(streak: int, limit: int, step: int, remediator: Remediator, ho
 
 
 def rewind(ckpt, before: int, state, shardings, like_reference, reference_shardings, data_it,
-           meta: dict, hooks, remediator: Remediator):
+           meta: dict, hooks, remediator: Remediator, step: int):
   """Executes a remediation restore: the latest checkpoint with a step below `before` (train
   state, data-iterator position, meta['last_eval']); the checkpoints after it (the faulty
   trajectory's) are deleted and the hooks told -> (its step, state, its reference: None unless
   remediation had reset it, its meta). None when no checkpoint precedes `before`: a message
-  says so, and the remediator does not count the restore (it did not happen)."""
+  says so, and the remediator does not count the restore (it did not happen) and watches the
+  action from `step`, where the run goes on."""
   good = [s for s in ckpt.all_steps() if s < before]
   if not good:
     hooks.on_message('remediation: no checkpoint before the onset to restore')
-    remediator.restore_missed()
+    remediator.restore_missed(step)
     return None
   state, data_state, restored_meta, reference = ckpt.restore(
       max(good), state, shardings, like_reference=like_reference,

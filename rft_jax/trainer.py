@@ -224,7 +224,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
     rewound = None
     if decision is not None and decision.restore_before is not None:
       rewound = incidents.rewind(ckpt, decision.restore_before, state, shardings, c.params,
-                                 c.param_shardings, data_it, meta, hooks, remediator)
+                                 c.param_shardings, data_it, meta, hooks, remediator, step)
     if rewound is not None:
       # The restored checkpoint's reference: the one remediation had reset before it, else
       # the initial policy (a reset made after it belongs to the abandoned trajectory), as a

@@ -272,17 +272,21 @@ def test_a_restore_that_finds_no_checkpoint_is_not_counted():
   assert d.restore_before == 3 and r.restores == 1
   hooks = _Messages()
   assert incidents.rewind(_NoCheckpoints(), d.restore_before, None, None, None, None, None, {},
-                          hooks, r) is None
+                          hooks, r, step=4) is None
   assert hooks.messages == ['remediation: no checkpoint before the onset to restore']
   assert r.restores == 0 and r.controls.lr_scale == pytest.approx(0.1) and r.watches
-  feed_health(r, range(4, 6), 0.8)                      # the watch ends (kept)
+  # Nothing replayed: the run goes on from step 4, so the watch covers steps 5-6 (was: the
+  # onset's window, steps 4-5, judged on one step taken under the action).
+  feed_health(r, range(4, 6), 0.8)
+  assert r.watches and r.watches[0].until == 6
+  feed_health(r, range(6, 7), 0.8)                      # the watch ends (kept)
   assert not r.watches
   d = r.on_incident(dict(incident(score=5.0, onset=8), signature='kl_explosion',
                          remediation='raise_kl_coef'), 9)
   assert d is not None and d.restore_before == 8 and r.restores == 1
-  r.restore_missed()
+  r.restore_missed(9)
   assert r.restores == 0
-  r.restore_missed()                                    # never below 0
+  r.restore_missed(9)                                   # never below 0
   assert r.restores == 0
 
 

@@ -143,11 +143,17 @@ class Remediator:
     self.deferred = list(d.get('deferred', ()))
     self.restores, self.undone = int(d.get('restores', 0)), set(d.get('undone', ()))
 
-  def restore_missed(self) -> None:
+  def restore_missed(self, step: int) -> None:
     """The trainer found no checkpoint before the restore_before of the decision just taken
-    (or escalated): nothing was restored, so it does not count against max_restores. The rest
-    of the decision stands (its controls, its watch)."""
+    (or escalated) at `step`: nothing was restored, so it does not count against max_restores.
+    The rest of the decision stands (its controls, its watch), but the run goes on from `step`
+    rather than replaying from the onset, so the watch (one at a time: the last) ends
+    `watch_steps` after `step`, not after the onset."""
     self.restores = max(0, self.restores - 1)
+    if self.watches:
+      self.watches[-1] = dataclasses.replace(self.watches[-1],
+                                             until=max(self.watches[-1].until,
+                                                       step + self.watch_steps))
 
   def drain_log(self) -> list[dict[str, Any]]:
     """Decisions and verdicts since the last call (for incidents.jsonl and the hooks)."""
