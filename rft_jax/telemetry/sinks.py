@@ -1,203 +1,36 @@
-"""Telemetry sinks: console progress, a JSONL log, TensorBoard scalars.
+"""Telemetry sinks: console progress, a JSONL log, TensorBoard scalars, W&B.
 
-Each sink is a `Hook`; `make_sinks` bundles the usual set into a `HookList`.
+Each sink is a `Hook`; `make_sinks` bundles the usual set into a `HookList`. The JSONL log
+(metrics.jsonl, its format, `read_jsonl`) is in rft_jax/telemetry/jsonl.py.
 
-JSONL format (one object per line, flushed as it is written)::
-
-  {"step": 0,  "kind": "start", "total_steps": 150, "config": {...}}
-  {"step": 12, "kind": "train", "reward/mean": 0.5, "kl": 0.003, ...}
-  {"step": 20, "kind": "eval", "eval/greedy_acc": 0.41}
-  {"step": 20, "kind": "message", "text": "resumed from step 20"}
-  {"step": 150, "kind": "end", "steps": 150, "wall_s": 812.4, ...}
-
-Non-finite floats are written as the JSON strings "NaN", "Infinity" and
-"-Infinity" (plain JSON has no such numbers; strings keep NaN and +-inf
-apart, which null would not). `read_jsonl` turns them back into floats.
+A sink whose file cannot be written (a full disk) never stops the run: it reports the error in
+one line naming the file (`report`, default stderr), tries again later, and says what was lost.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
-import io
-import json
 import logging
-import math
 import numbers
 import os
 import re
+import shutil
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rft_jax.telemetry.console import (DEFAULT_CONSOLE_KEYS, ConsoleSink,  # noqa: F401
                                       describe_incident, format_summary_value, format_value)
+from rft_jax.telemetry import jsonl
 from rft_jax.telemetry.hooks import Hook, HookList
+from rft_jax.telemetry.jsonl import JsonlSink, read_jsonl  # noqa: F401
 from rft_jax.telemetry.tb_guard import EventFileGuard
 
-_NONFINITE_TO_JSON = {'nan': 'NaN', 'inf': 'Infinity', '-inf': '-Infinity'}
-_JSON_TO_NONFINITE = {'NaN': math.nan, 'Infinity': math.inf,
-                      '-Infinity': -math.inf}
-_TEXT_FIELDS = ('kind', 'text')  # string fields never decoded as numbers
+_MIN_FREE_BYTES = 1 << 20   # room a new event file wants after a failed one
 _TB_TAG_INVALID = re.compile(r'[^-/\w.]')   # what a TensorBoard tag cannot hold (tensorboardX)
-
-
-# ----------------------------------------------------------------------------
-# JSONL.
-
-
-def _to_json(value: Any) -> Any:
-  """Converts `value` (numpy/jax scalars included) to JSON-safe Python."""
-  if value is None or isinstance(value, (bool, str)):
-    return value
-  if isinstance(value, numbers.Integral):
-    return int(value)
-  if isinstance(value, numbers.Real):
-    value = float(value)
-    return value if math.isfinite(value) else _NONFINITE_TO_JSON[str(value)]
-  if isinstance(value, Mapping):
-    return {str(k): _to_json(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [_to_json(v) for v in value]
-  if hasattr(value, 'item') and getattr(value, 'size', None) == 1:
-    return _to_json(value.item())
-  return str(value)
-
-
-def _from_json(value: Any) -> Any:
-  """Inverse of `_to_json` for the non-finite float markers."""
-  if isinstance(value, str):
-    return _JSON_TO_NONFINITE.get(value, value)
-  if isinstance(value, dict):
-    return {k: _from_json(v) for k, v in value.items()}
-  if isinstance(value, list):
-    return [_from_json(v) for v in value]
-  return value
-
-
-def _decode_line(line: str) -> dict[str, Any] | None:
-  """Parses one JSONL line; None for blank or torn (half-written) lines."""
-  line = line.strip()
-  if not line:
-    return None
-  try:
-    record = json.loads(line)
-  except json.JSONDecodeError:
-    return None
-  if not isinstance(record, dict):
-    return None
-  return {k: (v if k in _TEXT_FIELDS else _from_json(v))
-          for k, v in record.items()}
-
-
-def read_jsonl(path: str | os.PathLike,
-               kind: str | None = None) -> list[dict[str, Any]]:
-  """Reads a JsonlSink file; NaN/inf markers come back as floats.
-
-  Args:
-    path: the file.
-    kind: keep only records of this kind ('train', 'eval', ...); None keeps all.
-  Returns:
-    The records in file order. Unparseable lines (a write torn by a crash)
-    are skipped.
-  """
-  records = []
-  with open(path, encoding='utf-8') as f:
-    for line in f:
-      record = _decode_line(line)
-      if record is not None and (kind is None or record.get('kind') == kind):
-        records.append(record)
-  return records
-
-
-class JsonlSink(Hook):
-  """Appends one JSON object per event to `path`, flushing every line.
-
-  With `resume_step > 0`, lines logged after step `resume_step` by an earlier
-  (crashed) run are dropped first, so the resumed run does not duplicate them;
-  with `resume_step == 0` (nothing to resume) the file starts empty.
-
-  A failed write (a full disk) raises an OSError naming the file, once: the file is then closed
-  and later records are dropped, so the error is not raised again over the one that stopped the
-  run, and closing prints nothing.
-  """
-
-  def __init__(self, path: str | os.PathLike, resume_step: int = 0):
-    self.path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-    if resume_step > 0 and os.path.exists(self.path):
-      self._truncate_after(resume_step)
-    self._step = resume_step
-    self._failed = False   # a write failed (raised once, naming the file)
-    # A fresh start (no checkpoint to resume from) replaces what a run that died before its
-    # first checkpoint wrote: those steps run again.
-    self._file: io.TextIOBase | None = open(self.path, 'a' if resume_step > 0 else 'w',
-                                            encoding='utf-8')
-
-  def _truncate_after(self, step: int) -> None:
-    """Atomically rewrites the file keeping valid records with step <= `step`."""
-    tmp = self.path + '.tmp'
-    with open(self.path, encoding='utf-8') as src, \
-         open(tmp, 'w', encoding='utf-8') as dst:
-      for line in src:
-        record = _decode_line(line)
-        if record is not None and record.get('step', 0) <= step:
-          dst.write(line if line.endswith('\n') else line + '\n')
-      dst.flush()
-      os.fsync(dst.fileno())
-    os.replace(tmp, self.path)
-
-  def write(self, step: int, kind: str, fields: Mapping[str, Any]) -> None:
-    """Writes {"step", "kind", **fields} as one line and flushes it."""
-    if self._failed:
-      return   # the file failed (raised once): later records are dropped
-    if self._file is None:
-      raise ValueError(f'JsonlSink({self.path!r}) is closed')
-    record = {'step': int(step), 'kind': kind}
-    for key, value in fields.items():
-      if key not in record:
-        record[str(key)] = _to_json(value)
-    try:
-      self._file.write(json.dumps(record, allow_nan=False) + '\n')
-      self._file.flush()
-    except OSError as e:   # a full disk: name the file (the write itself names none)
-      self._failed = True
-      self._close_quietly()   # else close (or the garbage collector) retries the failed flush
-      raise OSError(e.errno, e.strerror, self.path) from None
-
-  def on_start(self, step, total_steps, config_summary):
-    self._step = step
-    self.write(step, 'start', {'total_steps': total_steps,
-                               'config': dict(config_summary)})
-
-  def on_step(self, step, metrics):
-    self._step = step
-    self.write(step, 'train', metrics)
-
-  def on_eval(self, step, results):
-    self.write(step, 'eval', results)
-
-  def on_message(self, text):
-    self.write(self._step, 'message', {'text': str(text)})
-
-  def on_incident(self, step, incident):
-    self.write(step, str(incident.get('kind', 'incident')),
-               {k: v for k, v in incident.items() if k not in ('kind', 'step')})
-
-  def on_end(self, summary):
-    self.write(self._step, 'end', summary)
-
-  def _close_quietly(self) -> None:
-    file, self._file = self._file, None
-    try:
-      file.close()   # closes the descriptor even when the flush of what is left fails
-    except OSError:
-      pass
-
-  def close(self):
-    if self._file is not None:
-      self._file.close()
-      self._file = None
 
 
 # ----------------------------------------------------------------------------
@@ -258,48 +91,101 @@ class TensorBoardSink(Hook):
   that step (tensorboardX `purge_step`); after a remediation rewind (`on_rewind`)
   it hides those of the abandoned steps the same way.
 
-  A failed write of the event file (a full disk) is raised as an OSError naming the file by the
-  next call, once; later events are dropped, and `close` neither raises nor prints
-  (tb_guard.EventFileGuard: tensorboardX alone would hang the run).
+  A failed write of the event file (a full disk) never stops nor hangs the run
+  (tb_guard.EventFileGuard: tensorboardX alone would hang it): `report` (default: one line on
+  stderr) gets one line naming the file, and events are dropped from then on; every REOPEN_S
+  seconds, while the disk has room, the next event tries a new event file in the same logdir
+  (TensorBoard reads the files in turn), where a message names the steps whose events were
+  lost, and `report` gets a line saying so. `close` neither raises nor prints.
   """
 
+  REOPEN_S = 30.0   # how long after a failed event file the sink tries a new one
+
   def __init__(self, logdir: str | os.PathLike, resume_step: int = 0,
-               flush_secs: int = 30):
-    # Imported here so the console/JSONL sinks work without tensorboardX.
-    SummaryWriter = _summary_writer_class()   # pylint: disable=invalid-name
+               flush_secs: int = 30, report: Callable[[str], None] | None = None):
     # NaN and inf are written as they are (TensorBoard plots them). tensorboardX would also log
     # 'NaN or Inf found in input tensor.' for each one without naming the metric; some metrics
     # are NaN by design (the credit correlations of a step where every group's rewards are
     # equal, monitor/credit.py), and a NaN loss is reported by the trainer and the monitor.
     logging.getLogger('tensorboardX.x2num').setLevel(logging.ERROR)
     self.logdir = os.fspath(logdir)
+    self._flush_secs = flush_secs
+    self._report = report or jsonl.warn
     self._step = resume_step
-    self._writer = SummaryWriter(
-        logdir=self.logdir, flush_secs=flush_secs,
-        purge_step=resume_step + 1)   # hides events a crashed run logged after resume_step
-    self._guard = EventFileGuard(self._writer, self.logdir)
-    self._failed = False   # the event file's error was raised: later events are dropped
+    self._error: OSError | None = None   # the failed event file's error (reported once)
+    self._retry_at = 0.0                 # time.monotonic() of the next try of a new file
+    self._lost: list[int] = []           # steps of the events dropped since it failed
+    self._rewound: int | None = None     # a rewind while no file was open
+    self._files = 0                       # event files opened
+    self._open(purge_step=resume_step + 1)   # hides events a crashed run logged after it
 
-  def _writable(self) -> bool:
-    """Whether to write; raises the event file's write error (naming it) the first time."""
-    if self._failed:
+  def _open(self, purge_step: int | None = None) -> None:
+    # Imported here so the console/JSONL sinks work without tensorboardX.
+    SummaryWriter = _summary_writer_class()   # pylint: disable=invalid-name
+    self._files += 1   # a new file after a failed one is never the failed one (its name holds
+    # the time in seconds: opening it again would empty it)
+    self._writer = SummaryWriter(logdir=self.logdir, flush_secs=self._flush_secs,
+                                 purge_step=purge_step, filename_suffix=(
+                                     f'.{self._files}' if self._files > 1 else ''))
+    self._guard = EventFileGuard(self._writer, self.logdir)
+
+  def _writable(self, step: int, events: int = 1) -> bool:
+    """Whether to write `events` events of `step` now (else they are counted as lost)."""
+    if self._writer is not None:
+      error = self._guard.failure()
+      if error is None:
+        return True
+      self._drop_writer(error)
+    if time.monotonic() >= self._retry_at and self._reopen():
+      return True
+    self._lost += [step] * events
+    return False
+
+  def _drop_writer(self, error: OSError) -> None:
+    """Reports the event file's error (once) and closes it without waiting on it."""
+    writer, self._writer = self._writer, None
+    with contextlib.suppress(Exception):
+      writer.close()   # quiet and quick: the guard drops what the failed file would get
+    self._lost += self._guard.lost_steps
+    if self._error is None:
+      self._report(f'{error.filename}: {error.strerror} (errno {error.errno}): TensorBoard '
+                   f'events are dropped and a new event file is tried every '
+                   f'{self.REOPEN_S:.0f} s; the run goes on')
+    self._error = error
+    self._retry_at = time.monotonic() + self.REOPEN_S
+
+  def _reopen(self) -> bool:
+    """A new event file after the failed one, if the disk has room; True if it opened."""
+    self._retry_at = time.monotonic() + self.REOPEN_S
+    try:
+      if shutil.disk_usage(self.logdir).free < _MIN_FREE_BYTES:
+        return False
+      self._open()
+    except OSError:
+      self._writer = None
       return False
-    error = self._guard.failure()
-    if error is not None:
-      self._failed = True
-      raise error
+    if self._rewound is not None:
+      self._purge_after(self._rewound)
+      self._rewound = None
+    lost, error = self._lost, self._error
+    what = f'{len(lost)} events' + (f' (steps {min(lost)}-{max(lost)})' if lost else '')
+    self._writer.add_text('messages', f'{what} were not written: {error.strerror} writing '
+                          f'{error.filename}', self._step)
+    self._report(f'{self.logdir}: TensorBoard events go to {self._guard.path} after '
+                 f'"{error.strerror}"; {what} were lost')
+    self._lost, self._error = [], None
     return True
 
   def _scalars(self, step: int, values: Mapping[str, Any]) -> None:
-    if not self._writable():
-      return
-    for name, value in values.items():
-      if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        self._writer.add_scalar(tensorboard_tag(name), float(value), step)
+    values = {name: float(value) for name, value in values.items()
+              if isinstance(value, numbers.Real) and not isinstance(value, bool)}
+    if values and self._writable(step, len(values)):
+      for name, value in values.items():
+        self._writer.add_scalar(tensorboard_tag(name), value, step)
 
   def on_start(self, step, total_steps, config_summary):
     self._step = step
-    if config_summary and self._writable():
+    if config_summary and self._writable(step):
       rows = '\n'.join(f'| {k} | {v} |' for k, v in config_summary.items())
       self._writer.add_text('config', '| key | value |\n|---|---|\n' + rows, step)
 
@@ -311,39 +197,53 @@ class TensorBoardSink(Hook):
     self._scalars(step, results)
 
   def on_message(self, text):
-    if self._writable():
+    if self._writable(self._step):
       self._writer.add_text('messages', str(text), self._step)
 
   def on_incident(self, step, incident):
-    if self._writable():
+    if self._writable(step):
       self._writer.add_text('incidents', describe_incident(step, incident), step)
 
   def on_rewind(self, step):
     """A SessionLog START at step + 1, as tensorboardX writes for `purge_step`: TensorBoard
     then drops the events logged before it with a step after `step` (the abandoned ones)."""
-    from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
     self._step = step
-    if not self._writable():
-      return
+    if self._writable(step):
+      self._purge_after(step)
+    else:   # written in the next event file
+      self._rewound = step if self._rewound is None else min(self._rewound, step)
+
+  def _purge_after(self, step: int) -> None:
+    from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
     self._writer.file_writer.add_event(event_pb2.Event(
         step=step + 1, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
 
   def on_end(self, summary):
-    if not self._writable():
+    if not self._writable(self._step):
       return
     lines = '\n'.join(f'- {k}: {format_summary_value(str(k), v)}'
                       for k, v in summary.items())
     self._writer.add_text('summary', lines, self._step)
     self._writer.flush()
-    self._writable()   # the flush's error, if it failed
+    self._writable(self._step, 0)   # the flush's error, if it failed: reported
 
   def close(self):
     """Flushes and closes the event file. Never raises nor prints an I/O error (the run may be
-    stopping for another one); on_end's flush has reported it."""
+    stopping for another one); a write error it meets is reported through `report`."""
     if self._writer is not None:
       writer, self._writer = self._writer, None
       writer.flush()
       writer.close()
+      error = self._guard.failure()
+      if error is not None and self._error is None:
+        self._report(f'{error.filename}: {error.strerror} (errno {error.errno}): the last '
+                     'TensorBoard events were not written')
+    if self._error is not None:   # failed, and no new file since
+      lost = self._lost
+      steps = f' (steps {min(lost)}-{max(lost)})' if lost else ''
+      self._report(f'{self.logdir}: {len(lost)} TensorBoard events{steps} were not written: '
+                   f'{self._error.strerror}')
+      self._error = None
 
 
 # ----------------------------------------------------------------------------

@@ -6,7 +6,8 @@ any more, and the 11th add_* blocks in Queue.put forever (SIGTERM cannot end it)
 atexit hook flushes the broken file again and prints more tracebacks. `EventFileGuard` wraps one
 SummaryWriter's event file so that
 
-- the writer thread records the first I/O error and drops later events instead of dying;
+- the writer thread records the first I/O error and drops later events instead of dying (the
+  steps of the events it drops are kept: `lost_steps`);
 - a put onto the queue waits in bounded slices and gives up once the thread is gone;
 - flush and close (the sink's, and tensorboardX's atexit hook) neither raise nor print.
 
@@ -30,6 +31,7 @@ class EventFileGuard:
   def __init__(self, summary_writer: Any, logdir: str):
     self.path = logdir           # the event file, once known
     self.error: OSError | None = None
+    self.lost_steps: list[int] = []   # the steps of the events dropped after the error
     self._file = getattr(getattr(summary_writer, 'file_writer', None), 'event_writer', None)
     events = getattr(self._file, '_ev_writer', None)                 # EventsWriter
     worker = getattr(self._file, '_worker', None)                    # _EventLoggerThread
@@ -45,16 +47,20 @@ class EventFileGuard:
 
   def _caught(self, method):
     """`method`, recording its OSError instead of raising it; a no-op once the file failed."""
-    closing = method.__name__ == 'close'
+    closing, writing = method.__name__ == 'close', method.__name__ == 'write_event'
 
     def call(*args, **kwargs):
       if self.error is not None and not closing:
+        if writing:
+          self.lost_steps.append(getattr(args[0], 'step', 0))
         return None
       try:
         return method(*args, **kwargs)
       except OSError as e:
         if self.error is None:
           self.error = OSError(e.errno, e.strerror or str(e), self.path)
+        if writing:
+          self.lost_steps.append(getattr(args[0], 'step', 0))
         return None
     return call
 
@@ -83,6 +89,7 @@ class EventFileGuard:
         return
       except queue.Full:
         continue
+    self.lost_steps.append(getattr(event, 'step', 0))
 
   def _stop(self, worker) -> None:
     """_EventLoggerThread.stop, which would wait forever to queue its stop signal for a
