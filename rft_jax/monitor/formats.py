@@ -46,6 +46,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from rft_jax.telemetry.records import drop_abandoned
 from rft_jax.telemetry.sinks import read_jsonl
 
 FORMATS = ('rft_jax', 'verl', 'trl', 'openrlhf')
@@ -246,21 +247,23 @@ def _read_raw(path: str) -> tuple[list[dict[str, Any]], bool]:
   return _read_json_lines(path), False
 
 
+def _metric_names(record: Mapping[str, Any]) -> set[str]:
+  return set(record) - {'step'}
+
+
 def _merge_by_step(records: Iterable[dict[str, float]]) -> list[dict[str, float]]:
-  """One record per step, sorted. Records of one step merge, a later value winning (TRL logs a
-  step's train and eval metrics apart). A record whose step is below the one before it starts a
-  redo (a resume or a remediation restore from an earlier checkpoint): what was logged for that
-  step or later is dropped first, so the abandoned steps a redo never reached (it was halted or
-  killed before them) do not stay in the result."""
+  """One record per step, sorted: the final trajectory. Records of one step merge, a later value
+  winning (TRL logs a step's train and eval metrics apart). A record that logs a metric which a
+  record before it logged for the same step or a later one starts a redo (a resume or a
+  remediation restore from an earlier checkpoint: `records.drop_abandoned`): what was logged
+  for its step or later is dropped first. So the redo's values replace the abandoned ones whole,
+  also when the redo starts at the last abandoned step (its keys used to merge into the
+  abandoned record, keeping those only it had), and the abandoned steps a redo never reached
+  (it was halted or killed before them) do not stay in the result."""
   merged: dict[int, dict[str, float]] = {}
-  previous = None
-  for record in records:
-    step = record['step']
-    if previous is not None and step < previous:
-      merged = {s: r for s, r in merged.items() if s < step}
-    merged.setdefault(step, {}).update(record)
-    previous = step
-  return [merged[step] for step in sorted(merged)]
+  for record in drop_abandoned(records, _metric_names):
+    merged.setdefault(record['step'], {}).update(record)
+  return list(merged.values())
 
 
 def _load_rft_jax(path: str) -> list[dict[str, Any]]:
