@@ -78,3 +78,58 @@ def test_a_run_past_its_wall_limit_or_whose_process_dies_is_recorded(tmp_path):
   assert killed['wall_s'] >= 8 and killed['steps_done'] < 40
   with open(os.path.join(out, 'results.jsonl')) as f:
     assert [json.loads(line)['fault'] for line in f] == ['healthy']   # this call's runs
+
+
+def _fake_run(out, spec, steps, incident_steps):
+  """A run's workdir as tools.faultbench leaves it: metrics.jsonl with the train records of
+  `steps` in the order run (a restore logs the steps after its checkpoint again), and
+  incidents.jsonl with an incident at each of `incident_steps`."""
+  from rft_jax.telemetry import sinks  # pylint: disable=g-import-not-at-top
+  workdir = os.path.join(out, 'runs', spec['name'])
+  sink = sinks.JsonlSink(os.path.join(workdir, 'metrics.jsonl'))
+  for step in steps:
+    sink.on_step(step, {'reward/mean': 0.5})
+  sink.close()
+  with open(os.path.join(workdir, 'incidents.jsonl'), 'w') as f:
+    for step in incident_steps:
+      f.write(json.dumps({'kind': 'incident', 'step': step, 'onset_step': step,
+                          'fault_class': 'kl_explosion', 'signature': 'kl_trend',
+                          'severity': 'critical'}) + '\n')
+
+
+def test_false_alarms_are_per_healthy_step_the_monitor_observed(tmp_path):
+  """The false-alarm rate's denominator is the healthy steps the monitor observed: a step
+  redone after an auto-mode restore was observed (and could fire) once more, so it counts once
+  more, as its alarms do (incidents.jsonl keeps those of abandoned steps); a run stopped before
+  its onset counts the steps it ran. Both modes count. (The denominator was the highest step,
+  or onset - 1 for a faulted run, over warn-mode runs only.)"""
+  # pylint: disable-next=g-import-not-at-top
+  from tools import faultbench, faultbench_report, faultbench_score
+  out = str(tmp_path / 'fb')
+  base = {'seed': 1, 'steps': 10}
+  healthy = {**base, 'fault': 'healthy', 'mode': 'auto', 'onset': 11, 'name': 'h'}
+  spiked = {**base, 'fault': 'lr_spike', 'mode': 'auto', 'onset': 6, 'name': 'f'}
+  halted = {**base, 'fault': 'mask_shift', 'mode': 'warn', 'onset': 8, 'name': 'w'}
+  # healthy: a false alarm at step 8, restored to step 5's checkpoint, steps 6-10 again.
+  _fake_run(out, healthy, [*range(1, 9), *range(6, 11)], [8])
+  # lr_spike: caught at 7, restored to step 3's checkpoint: steps 4-5 (healthy) run again, and
+  # the redo raises a false alarm at step 4.
+  _fake_run(out, spiked, [*range(1, 8), *range(4, 11)], [7, 4])
+  # mask_shift, warn mode: the run stopped after step 4, before its onset.
+  _fake_run(out, halted, range(1, 5), [])
+  records = [faultbench.record(s, out, {}, None, 1.0) for s in (healthy, spiked, halted)]
+  assert [(r['steps_done'], r['steps_observed'], r['steps_observed_before_onset'])
+          for r in records] == [(10, 13, 13), (10, 14, 7), (4, 4, 4)]
+  assert faultbench_score.false_alarms_per_1000(records) == (1000 * 2 / 24, 2, 24)
+  scores = faultbench_score.score(records)
+  fa = scores['false_alarms']
+  assert (fa['alarms'], fa['healthy_steps']) == (2, 24)
+  assert fa['by_mode'] == {
+      'auto': {'per_1000_steps': 1000 * 2 / 20, 'alarms': 2, 'healthy_steps': 20},
+      'warn': {'per_1000_steps': 0.0, 'alarms': 0, 'healthy_steps': 4}}
+  report = faultbench_report.write(out, scores, records, command='test')
+  assert '(2 in 24 steps the monitor observed' in report
+  assert 'warn mode 0 in 4; auto mode 2 in 20;' in report
+  # Records from before the observed counts: the highest step, onset - 1 at most, as before.
+  old = [{k: v for k, v in r.items() if not k.startswith('steps_observed')} for r in records]
+  assert faultbench_score.false_alarms_per_1000(old)[1:] == (2, 10 + 5 + 4)

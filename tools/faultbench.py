@@ -133,9 +133,13 @@ def record(spec: dict, out_dir: str, summary: dict | None, error: str | None,
                  for e in read_jsonl(path, kind='incident')]
   rows = read_jsonl(os.path.join(workdir, 'metrics.jsonl'), kind='train') if os.path.exists(
       os.path.join(workdir, 'metrics.jsonl')) else []
+  # Every step the monitor observed, in order: after an auto-mode restore the redone ones again
+  # (metrics.jsonl, like incidents.jsonl, keeps the steps a restore abandoned).
+  observed = [r['step'] for r in rows]
   family = 'healthy' if spec['fault'] == 'healthy' else faultlib.FAULTS[spec['fault']].family
   return {**spec, 'family': family, 'incidents': incidents,
-          'steps_done': max((r['step'] for r in rows), default=0),
+          'steps_done': max(observed, default=0), 'steps_observed': len(observed),
+          'steps_observed_before_onset': sum(s < spec['onset'] for s in observed),
           'final_acc': (summary or {}).get('final_greedy_acc'),
           'halted': (summary or {}).get('halted'), 'error': error,
           'wall_s': round(wall_s, 1)}
@@ -196,8 +200,6 @@ def run_all(specs: list[dict], out_dir: str, jobs: int,
         print(f"[{len(records)}/{len(specs)}] {rec['name']}: {len(rec['incidents'])} incident(s)"
               + (f" (first {first['fault_class']} at {first['step']})" if first else '')
               + f" acc {rec['final_acc']} {rec['wall_s']}s {rec['error'] or ''}", flush=True)
-  for r in records:
-    r['steps'] = r['steps_done'] or r['steps']
   return records
 
 

@@ -36,9 +36,13 @@ def write(out_dir: str, scores: dict, records: list[dict], command: str) -> str:
   for fam, s in scores['families'].items():
     lines.append(f"| {fam} | {_f(s['precision'])} | {_f(s['recall'])} | {_f(s['f1'])} | "
                  f"{_f(s['flag_all_f1'])} | 0.00 | {s['runs']} ({s['positives']}) |")
+  modes = '; '.join(f"{m} mode {v['alarms']} in {v['healthy_steps']}"
+                    for m, v in fa.get('by_mode', {}).items())
   lines += ['', f"False alarms: {_f(fa['per_1000_steps'])} per 1,000 healthy steps "
-            f"({fa['alarms']} in {fa['healthy_steps']} steps of healthy and benign runs and "
-            'of faulted runs before their onset).', '',
+            f"({fa['alarms']} in {fa['healthy_steps']} steps the monitor observed of healthy "
+            'and benign runs and of faulted runs before their onset'
+            + (f'; {modes}' if modes else '') + '; a step redone after an auto-mode restore '
+            'counts each time it was observed).', '',
             '## Per fault type', '',
             '| fault | family | runs | detected | median delay | p90 delay | diagnosis top-1 | '
             'top-3 | first diagnoses seen | counts as right |',

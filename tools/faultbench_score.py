@@ -3,8 +3,13 @@
 A run record (one line of results.jsonl, written by tools/faultbench.py) holds:
   fault        a type of rft_jax.faults.FAULTS, or 'healthy'
   family       its family ('reward', ..., 'benign', or 'healthy')
-  seed, onset, mode ('warn' | 'auto'), steps (steps trained)
-  incidents    [{step, onset_step, fault_class, signature, severity}] in firing order
+  seed, onset, mode ('warn' | 'auto'), steps (steps planned)
+  steps_done   the highest step trained
+  steps_observed, steps_observed_before_onset
+               the steps the monitor observed (train records in metrics.jsonl), all of them and
+               those before the onset: a step redone after an auto-mode restore counts again
+  incidents    [{step, onset_step, fault_class, signature, severity}] in firing order (those of
+               steps a restore abandoned included)
   final_acc    final held-out greedy accuracy (None if the run stopped early)
   error        why the run failed, or None
 
@@ -14,7 +19,11 @@ Definitions (run level):
   precision/recall/F1   faulted runs are the positives; healthy and benign runs the negatives
   baselines    flag-everything (recall 1, precision = share of faulted runs) and never-flag (0)
   false alarms per 1,000 healthy steps   incidents in healthy and benign runs, plus incidents
-               before onset in faulted runs, per step of those stretches
+               before onset in faulted runs, per step of those stretches the monitor observed,
+               in both modes: a step redone after an auto-mode restore was observed (and could
+               raise an alarm) once more, and counts once more; a run stopped early counts the
+               steps it ran. Records without the observed counts (results.jsonl from before
+               they were recorded) count steps_done, or onset - 1 at most, as before
   delay        first incident step at or after onset minus onset (flagged runs)
   diagnosis    top-1: the first incident at/after onset has a fault class the fault type
                counts as correct (faults.FAULTS[...].expected); top-3: one of the first three
@@ -76,17 +85,35 @@ def _is_faulted(r: dict) -> bool:
   return r['fault'] != 'healthy' and r['family'] != 'benign'
 
 
+def healthy_steps(r: dict) -> int:
+  """The healthy steps the monitor observed in run `r`: all of a healthy or benign run's, a
+  faulted run's before its onset; redone steps once more (see the module doc)."""
+  done = r.get('steps_done', r['steps'])
+  if _is_faulted(r):
+    return r.get('steps_observed_before_onset', max(0, min(r['onset'] - 1, done)))
+  return r.get('steps_observed', done)
+
+
 def false_alarms_per_1000(records: Iterable[dict]) -> tuple[float, int, int]:
   """(rate, false alarms, healthy steps) over healthy/benign runs and pre-onset stretches."""
   alarms = steps = 0
   for r in records:
+    steps += healthy_steps(r)
     if _is_faulted(r):
-      steps += r['onset'] - 1
       alarms += sum(i['step'] < r['onset'] for i in r['incidents'])
     else:
-      steps += r['steps']
       alarms += len(r['incidents'])
   return (1000.0 * alarms / steps if steps else float('nan')), alarms, steps
+
+
+def false_alarms(records: list[dict]) -> dict[str, Any]:
+  """The false-alarm rate over `records` (both modes), and per mode."""
+  def entry(rs):
+    rate, alarms, steps = false_alarms_per_1000(rs)
+    return {'per_1000_steps': rate, 'alarms': alarms, 'healthy_steps': steps}
+  modes = dict.fromkeys(r['mode'] for r in records)
+  return {**entry(records),
+          'by_mode': {m: entry([r for r in records if r['mode'] == m]) for m in modes}}
 
 
 def _pct(values, q):
@@ -154,9 +181,8 @@ def score(records: list[dict]) -> dict[str, Any]:
   ok = [r for r in records if r.get('error') is None]
   warn = [r for r in ok if r['mode'] == 'warn']
   auto = [r for r in ok if r['mode'] == 'auto']
-  rate, alarms, steps = false_alarms_per_1000(warn)
   return {'overall': prf(warn), 'families': per_family(warn), 'faults': per_fault(warn),
-          'false_alarms': {'per_1000_steps': rate, 'alarms': alarms, 'healthy_steps': steps},
+          'false_alarms': false_alarms(warn + auto),
           'benign': [{'fault': r['fault'], 'seed': r['seed'], 'incidents': len(r['incidents'])}
                      for r in warn if r['family'] == 'benign'],
           'remediation': remediation(warn, auto),
