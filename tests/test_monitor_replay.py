@@ -17,7 +17,6 @@ import pytest
 
 from rft_jax.monitor import formats, synthetic
 from rft_jax.telemetry import plot, sinks
-from rft_jax.telemetry import records as records_lib
 from tools import monitor_replay
 
 STEPS = 240
@@ -353,33 +352,6 @@ def test_last_per_step_is_the_final_trajectory():
   assert formats.last_per_step(log) == [
       {'step': 1, 'kl': 0.1}, {'step': 2, 'kl': 0.2, 'reward/mean': 0.5},
       {'step': 3, 'kl': 0.03}, {'step': 4, 'kl': 0.04}, {'step': 5, 'kl': 0.05}]
-
-def test_a_redo_from_the_last_abandoned_step_replaces_it_whole(tmp_path):
-  """An auto restore to the checkpoint just before the alarm's step: the redo starts at the
-  last abandoned step. Its record replaces the abandoned one (a key only the abandoned record
-  had, here the non-finite-check metric of the faulty step, used to survive the merge), as the
-  final trajectory of the run's other readers (`records.final_trajectory`) has it."""
-  path = tmp_path / 'metrics.jsonl'
-  sink = sinks.JsonlSink(path)
-  for step in range(1, 7):
-    sink.on_step(step, {'kl': 0.1 * step, 'reward/mean': 0.5})
-  sink.on_step(7, {'kl': 9.0, 'reward/mean': 0.0, 'invariant/nonfinite': 1.0})
-  sink.on_incident(7, {'kind': 'incident', 'fault_class': 'kl_explosion', 'onset_step': 7})
-  sink.on_message('remediation: restored the checkpoint of step 6 (before onset at step 7)')
-  for step in (7, 8):
-    sink.on_step(step, {'kl': 0.07, 'reward/mean': 0.6})
-  sink.close()
-  steps = formats.last_per_step(formats.load_run(path))
-  assert [r['step'] for r in steps] == list(range(1, 9))
-  assert steps[6] == {'step': 7, 'kl': 0.07, 'reward/mean': 0.6}
-  final = records_lib.final_trajectory(sinks.read_jsonl(path))
-  assert [{k: v for k, v in r.items() if k != 'kind'} for r in final] == steps
-  # The same for a foreign log, and for a redo of the one step logged (a rerun, no steps after).
-  log = [{'step': 1, 'kl': 0.1}, {'step': 2, 'kl': 0.2, 'grad_norm': 50.0},
-         {'step': 2, 'kl': 0.02}, {'step': 3, 'kl': 0.03}]
-  assert formats.last_per_step(log) == [{'step': 1, 'kl': 0.1}, {'step': 2, 'kl': 0.02},
-                                        {'step': 3, 'kl': 0.03}]
-
 
 def test_cli_reads_the_runs_warmup_a_directory_and_refuses_empty_logs(tmp_path, traces,
                                                                       capsys):

@@ -1,4 +1,5 @@
-"""Telemetry output as a reader sees it: TensorBoard and run.png after a remediation rewind."""
+"""Telemetry output as a reader sees it after a remediation rewind: TensorBoard, run.png and the
+final trajectory (records.final_trajectory, monitor.formats.last_per_step)."""
 
 import glob
 import io
@@ -9,6 +10,7 @@ import sys
 from rich.console import Console
 from tensorboardX.proto import event_pb2
 
+from rft_jax.monitor import formats
 from rft_jax.telemetry import hooks as hooks_lib
 from rft_jax.telemetry import plot as plot_lib
 from rft_jax.telemetry import records as records_lib
@@ -100,6 +102,33 @@ def test_final_trajectory_keeps_the_redone_steps_in_step_order():
            + [_train(s, 3.0) for s in range(3, 11)])
   assert [(r['step'], r['reward/mean']) for r in records_lib.final_trajectory(twice)] == (
       [(1, 1.0), (2, 1.0)] + [(s, 3.0) for s in range(3, 11)])
+
+
+def test_a_redo_from_the_last_abandoned_step_replaces_it_whole(tmp_path):
+  """An auto restore to the checkpoint just before the alarm's step: the redo starts at the
+  last abandoned step. Its record replaces the abandoned one (a key only the abandoned record
+  had, here the non-finite-check metric of the faulty step, used to survive the merge), as the
+  final trajectory of the run's other readers (`records.final_trajectory`) has it."""
+  path = tmp_path / 'metrics.jsonl'
+  sink = sinks.JsonlSink(path)
+  for step in range(1, 7):
+    sink.on_step(step, {'kl': 0.1 * step, 'reward/mean': 0.5})
+  sink.on_step(7, {'kl': 9.0, 'reward/mean': 0.0, 'invariant/nonfinite': 1.0})
+  sink.on_incident(7, {'kind': 'incident', 'fault_class': 'kl_explosion', 'onset_step': 7})
+  sink.on_message('remediation: restored the checkpoint of step 6 (before onset at step 7)')
+  for step in (7, 8):
+    sink.on_step(step, {'kl': 0.07, 'reward/mean': 0.6})
+  sink.close()
+  steps = formats.last_per_step(formats.load_run(path))
+  assert [r['step'] for r in steps] == list(range(1, 9))
+  assert steps[6] == {'step': 7, 'kl': 0.07, 'reward/mean': 0.6}
+  final = records_lib.final_trajectory(sinks.read_jsonl(path))
+  assert [{k: v for k, v in r.items() if k != 'kind'} for r in final] == steps
+  # The same for a foreign log, and for a redo of the one step logged (a rerun, no steps after).
+  log = [{'step': 1, 'kl': 0.1}, {'step': 2, 'kl': 0.2, 'grad_norm': 50.0},
+         {'step': 2, 'kl': 0.02}, {'step': 3, 'kl': 0.03}]
+  assert formats.last_per_step(log) == [{'step': 1, 'kl': 0.1}, {'step': 2, 'kl': 0.02},
+                                        {'step': 3, 'kl': 0.03}]
 
 
 def test_plot_run_draws_the_final_trajectory(tmp_path, monkeypatch):
