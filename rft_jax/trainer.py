@@ -215,7 +215,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   streak = incidents.SkippedStreak(meta, runs.updates_per_step(config))
   max_skipped = config.monitor.get('max_skipped_steps', 5) if mcfg is not None else 1
 
-  ref_before_reset = None   # (ref_params, reset_ref) before remediation's latest reset
+  ref_before_reset = None   # (ref_params, reset_ref) before the watched reset (its first one)
 
   def execute(decision) -> bool:
     """A remediation decision's restore and reference reset (or its undo) -> whether the run
@@ -233,7 +233,8 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
       ref_params = reset_ref if reset_ref is not None else initial_ref
       streak.load(restored_meta)
     if decision is not None and decision.reset_reference:
-      ref_before_reset = ref_params, reset_ref
+      if not decision.escalation:   # an escalation's undo goes back to before the first reset
+        ref_before_reset = ref_params, reset_ref
       ref_params = reset_ref = jax.tree.map(jnp.copy, state.params)
     if decision is not None and decision.undo_reference_reset:   # (after a resume: the initial)
       ref_params, reset_ref = ref_before_reset or (initial_ref, None)

@@ -114,7 +114,7 @@ def test_an_escalated_reference_reset_resets_the_reference_again():
   feed_health(r, range(16, 25), 0.5)                    # score fell but reward did not recover
   d = r.on_step(25, {'reward_hacking': 0.0}, 0.5)
   assert d.action == 'escalate_reset_reference' and d.restore_before == 20
-  assert d.reset_reference
+  assert d.reset_reference and d.escalation and not first.escalation
 
 
 def test_an_undone_reference_reset_says_so():

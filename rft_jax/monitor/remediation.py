@@ -77,6 +77,11 @@ class Decision:
   halt: bool = False
   reason: str = ''
 
+  @property
+  def escalation(self) -> bool:
+    """The action applied once more on top of a watched one (see on_step)."""
+    return self.action.startswith('escalate_')
+
 
 def apply_action(action: str, c: Controls, lr_factor: float = 0.1,
                  min_kl_coef: float = 0.05) -> Controls:
