@@ -85,6 +85,38 @@ def test_a_full_disk_under_tensorboard_is_reported_once_naming_the_event_file_no
   assert len(reports) == 2 and 'TensorBoard events (steps ' in reports[1]   # what was lost
 
 
+def test_what_a_sink_on_a_full_disk_drops_takes_constant_memory(tmp_path, monkeypatch):
+  """A disk that stays full for a long run: the TensorBoard sink and the JSONL writer count what
+  they drop (number, first and last step) instead of keeping one entry per event or record."""
+  import tracemalloc  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(jsonl_lib, 'MAX_HELD_BYTES', 200)
+  reports = []
+  tb = sinks.TensorBoardSink(str(tmp_path / 'tb'), report=reports.append)
+  _fill_disk(tb)
+  _log_until_reported(tb, reports)
+  js = sinks.JsonlSink(str(tmp_path / 'metrics.jsonl'), report=reports.append)
+  js._file = disk = _Disk(js._file)
+  disk.full = True
+  many = {f'm{i}': 0.5 for i in range(100)}
+  tb.on_step(1000, many)
+  js.on_step(1000, {'loss': 0.5})
+  tracemalloc.start()
+  before = tracemalloc.get_traced_memory()[0]
+  for step in range(1001, 3001):   # 200,000 dropped events, ~2,000 dropped records
+    tb.on_step(step, many)
+    js.on_step(step, {'loss': 0.5})
+  grown = tracemalloc.get_traced_memory()[0] - before
+  tracemalloc.stop()
+  assert grown < 200_000, grown   # a list of their steps alone: 1.6 MB
+  tb.close()
+  disk.full = False
+  js.close()
+  note = sinks.read_jsonl(str(tmp_path / 'metrics.jsonl'))[0]
+  assert note['kind'] == 'message' and note['text'].startswith('1997 records (steps 1000-2996)')
+  tb_report = [r for r in reports if 'TensorBoard events (steps ' in r]
+  assert len(tb_report) == 1 and ': 200' in tb_report[0] and '(steps 1-3000)' in tb_report[0]
+
+
 def test_a_tensorboard_sink_writes_a_new_event_file_once_a_write_can_succeed(tmp_path,
                                                                                monkeypatch):
   """After the failed file, the sink tries a new one (every REOPEN_S seconds; here at once):

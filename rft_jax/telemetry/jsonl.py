@@ -33,6 +33,30 @@ _TEXT_FIELDS = ('kind', 'text')  # string fields never decoded as numbers
 MAX_HELD_BYTES = 32 << 20   # records held in memory while the file cannot be written
 
 
+class LostSteps:
+  """A count of dropped events and the lowest and highest step among them (constant memory,
+  however long the disk stays full)."""
+
+  def __init__(self):
+    self.count, self.lo, self.hi = 0, None, None
+
+  def add(self, step: int, events: int = 1) -> None:
+    self._extend(events, step, step)
+
+  def merge(self, other: 'LostSteps') -> None:
+    self._extend(other.count, other.lo, other.hi)
+
+  def _extend(self, count: int, lo, hi) -> None:
+    if count > 0:
+      self.count += count
+      self.lo = lo if self.lo is None else min(self.lo, lo)
+      self.hi = hi if self.hi is None else max(self.hi, hi)
+
+  def steps(self) -> str:
+    """' (steps LO-HI)', or '' when nothing was lost."""
+    return f' (steps {self.lo}-{self.hi})' if self.count else ''
+
+
 def _to_json(value: Any) -> Any:
   """Converts `value` (numpy/jax scalars included) to JSON-safe Python."""
   if value is None or isinstance(value, (bool, str)):
@@ -134,7 +158,7 @@ class JsonlSink(Hook):
     self._error: OSError | None = None   # the write error the held records wait out
     self._waited = 0                      # held records that went through a failed write
     self._late = 0                        # of these, how many were written since
-    self._lost: list[int] = []            # steps of records dropped (not noted in the file yet)
+    self._lost = LostSteps()              # records dropped (not noted in the file yet)
     self._lost_total = 0
     # A fresh start (no checkpoint to resume from) replaces what a run that died before its
     # first checkpoint wrote: those steps run again. Unbuffered: each line goes to the file
@@ -177,7 +201,7 @@ class JsonlSink(Hook):
       lost_step, lost = self._held.popleft()
       self._held_bytes -= len(lost)
       self._waited -= self._waited > 0
-      self._lost.append(lost_step)
+      self._lost.add(lost_step)
       self._lost_total += 1
 
   def _write_held(self) -> bool:
@@ -185,9 +209,9 @@ class JsonlSink(Hook):
     try:
       if self._error is not None:
         self._file.truncate(self._size)   # the part of a line a failed write left
-      if self._lost:   # a note where the lost records were
+      if self._lost.count:   # a note where the lost records were
         self._write_line(self._note_line())
-        self._lost = []
+        self._lost = LostSteps()
       while self._held:
         step, line = self._held[0]
         self._write_line(line)
@@ -221,9 +245,9 @@ class JsonlSink(Hook):
     self._size += len(line)
 
   def _note_line(self) -> bytes:
-    text = (f'{len(self._lost)} records ({_steps(min(self._lost), max(self._lost))}) were '
+    text = (f'{self._lost.count} records ({_steps(self._lost.lo, self._lost.hi)}) were '
             f'lost: {self._error.strerror if self._error else "write error"} writing this file')
-    return (json.dumps({'step': self._lost[-1], 'kind': 'message', 'text': text}) + '\n'
+    return (json.dumps({'step': self._lost.hi, 'kind': 'message', 'text': text}) + '\n'
             ).encode('utf-8')
 
   def on_start(self, step, total_steps, config_summary):
@@ -253,9 +277,13 @@ class JsonlSink(Hook):
     could not be written."""
     if self._file is None:
       return
-    if (self._held or self._lost) and not self._write_held():
-      steps = [s for s, _ in self._held] + self._lost
-      self._report(f'{self.path}: {len(steps)} records ({_steps(min(steps), max(steps))}) '
+    if (self._held or self._lost.count) and not self._write_held():
+      unwritten = LostSteps()
+      unwritten.merge(self._lost)
+      for step, _ in self._held:
+        unwritten.add(step)
+      where = _steps(unwritten.lo, unwritten.hi)
+      self._report(f'{self.path}: {unwritten.count} records ({where}) '
                    f'not written at close: {self._error.strerror}')
     file, self._file = self._file, None
     try:

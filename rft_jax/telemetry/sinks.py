@@ -27,6 +27,7 @@ from rft_jax.telemetry.console import (DEFAULT_CONSOLE_KEYS, ConsoleSink,  # noq
 from rft_jax.telemetry import jsonl
 from rft_jax.telemetry.hooks import Hook, HookList
 from rft_jax.telemetry.jsonl import JsonlSink, read_jsonl  # noqa: F401
+from rft_jax.telemetry.jsonl import LostSteps
 from rft_jax.telemetry.tb_guard import EventFileGuard
 
 _MIN_FREE_BYTES = 1 << 20   # room a new event file wants after a failed one
@@ -114,7 +115,7 @@ class TensorBoardSink(Hook):
     self._step = resume_step
     self._error: OSError | None = None   # the failed event file's error (reported once)
     self._retry_at = 0.0                 # time.monotonic() of the next try of a new file
-    self._lost: list[int] = []           # steps of the events dropped since it failed
+    self._lost = LostSteps()             # the events dropped since it failed
     self._rewound: int | None = None     # a rewind while no file was open
     self._files = 0                       # event files opened
     self._open(purge_step=resume_step + 1)   # hides events a crashed run logged after it
@@ -138,7 +139,7 @@ class TensorBoardSink(Hook):
       self._drop_writer(error)
     if time.monotonic() >= self._retry_at and self._reopen():
       return True
-    self._lost += [step] * events
+    self._lost.add(step, events)
     return False
 
   def _drop_writer(self, error: OSError) -> None:
@@ -146,7 +147,7 @@ class TensorBoardSink(Hook):
     writer, self._writer = self._writer, None
     with contextlib.suppress(Exception):
       writer.close()   # quiet and quick: the guard drops what the failed file would get
-    self._lost += self._guard.lost_steps
+    self._lost.merge(self._guard.lost_steps)
     if self._error is None:
       self._report(f'{error.filename}: {error.strerror} (errno {error.errno}): TensorBoard '
                    f'events are dropped and a new event file is tried every '
@@ -168,12 +169,12 @@ class TensorBoardSink(Hook):
       self._purge_after(self._rewound)
       self._rewound = None
     lost, error = self._lost, self._error
-    what = f'{len(lost)} events' + (f' (steps {min(lost)}-{max(lost)})' if lost else '')
+    what = f'{lost.count} events{lost.steps()}'
     self._writer.add_text('messages', f'{what} were not written: {error.strerror} writing '
                           f'{error.filename}', self._step)
     self._report(f'{self.logdir}: TensorBoard events go to {self._guard.path} after '
                  f'"{error.strerror}"; {what} were lost')
-    self._lost, self._error = [], None
+    self._lost, self._error = LostSteps(), None
     return True
 
   def _scalars(self, step: int, values: Mapping[str, Any]) -> None:
@@ -240,9 +241,8 @@ class TensorBoardSink(Hook):
                      'TensorBoard events were not written')
     if self._error is not None:   # failed, and no new file since
       lost = self._lost
-      steps = f' (steps {min(lost)}-{max(lost)})' if lost else ''
-      self._report(f'{self.logdir}: {len(lost)} TensorBoard events{steps} were not written: '
-                   f'{self._error.strerror}')
+      self._report(f'{self.logdir}: {lost.count} TensorBoard events{lost.steps()} were not '
+                   f'written: {self._error.strerror}')
       self._error = None
 
 

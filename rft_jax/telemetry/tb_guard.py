@@ -7,7 +7,7 @@ atexit hook flushes the broken file again and prints more tracebacks. `EventFile
 SummaryWriter's event file so that
 
 - the writer thread records the first I/O error and drops later events instead of dying (the
-  steps of the events it drops are kept: `lost_steps`);
+  events it drops are counted, with their lowest and highest step: `lost_steps`);
 - a put onto the queue waits in bounded slices and gives up once the thread is gone;
 - flush and close (the sink's, and tensorboardX's atexit hook) neither raise nor print.
 
@@ -22,6 +22,8 @@ import queue
 import shutil
 from typing import Any
 
+from rft_jax.telemetry.jsonl import LostSteps
+
 _WAIT_S = 1.0   # one slice of a wait on the event queue
 
 
@@ -31,7 +33,7 @@ class EventFileGuard:
   def __init__(self, summary_writer: Any, logdir: str):
     self.path = logdir           # the event file, once known
     self.error: OSError | None = None
-    self.lost_steps: list[int] = []   # the steps of the events dropped after the error
+    self.lost_steps = LostSteps()   # the events dropped after the error
     self._file = getattr(getattr(summary_writer, 'file_writer', None), 'event_writer', None)
     events = getattr(self._file, '_ev_writer', None)                 # EventsWriter
     worker = getattr(self._file, '_worker', None)                    # _EventLoggerThread
@@ -52,7 +54,7 @@ class EventFileGuard:
     def call(*args, **kwargs):
       if self.error is not None and not closing:
         if writing:
-          self.lost_steps.append(getattr(args[0], 'step', 0))
+          self.lost_steps.add(getattr(args[0], 'step', 0))
         return None
       try:
         return method(*args, **kwargs)
@@ -60,7 +62,7 @@ class EventFileGuard:
         if self.error is None:
           self.error = OSError(e.errno, e.strerror or str(e), self.path)
         if writing:
-          self.lost_steps.append(getattr(args[0], 'step', 0))
+          self.lost_steps.add(getattr(args[0], 'step', 0))
         return None
     return call
 
@@ -89,7 +91,7 @@ class EventFileGuard:
         return
       except queue.Full:
         continue
-    self.lost_steps.append(getattr(event, 'step', 0))
+    self.lost_steps.add(getattr(event, 'step', 0))
 
   def _stop(self, worker) -> None:
     """_EventLoggerThread.stop, which would wait forever to queue its stop signal for a
