@@ -12,7 +12,7 @@ import numpy as np
 from rft_jax.monitor import monitor as monlib
 from rft_jax.monitor.remediation import Remediator
 from rft_jax.monitor.signatures import SIGNATURES, SKIPPED_STREAK
-from rft_jax.telemetry import sinks
+from rft_jax.telemetry import jsonl, sinks
 
 
 class IncidentLog:
@@ -22,17 +22,43 @@ class IncidentLog:
     self.path = os.path.join(workdir, 'incidents.jsonl')
     self.primary = jax.process_index() == 0   # only process 0 writes; all keep the entries
     self.entries = []
+    self._error: OSError | None = None   # a failed write: the file is rewritten when one works
     if os.path.exists(self.path):
       with open(self.path) as f:
         self.entries = [e for e in map(json.loads, f) if e['step'] <= resume_step]
       self._rewrite()
 
   def add(self, entry: dict) -> None:
+    """Appends `entry`. A write error (a full disk) does not stop the run, as with the metrics
+    log: one line on stderr, the entries are kept in memory, and the whole file is written
+    again at the next entry that can be (or at the end of the run: `retry`)."""
     self.entries.append(entry)
     if not self.primary:
       return
-    with open(self.path, 'a') as f:
-      f.write(json.dumps(entry) + '\n')
+    if self._error is not None:
+      self.retry()
+      return
+    try:
+      with open(self.path, 'a') as f:
+        f.write(json.dumps(entry) + '\n')
+    except OSError as e:
+      jsonl.warn(f'{self.path}: {e.strerror} (errno {e.errno}): incidents are kept in memory '
+                 'and written once a write succeeds again; the run goes on')
+      self._error = e
+
+  def retry(self, last: bool = False) -> None:
+    """After a failed write, writes the whole file again; at the end of the run (`last`) says
+    so if it still cannot."""
+    if self._error is None or not self.primary:
+      return
+    try:
+      self._rewrite()
+    except OSError as e:
+      if last:
+        jsonl.warn(f'{self.path}: {len(self.entries)} entries not all written: {e.strerror}')
+      return
+    jsonl.warn(f'{self.path}: written again after "{self._error.strerror}"')
+    self._error = None
 
   def _rewrite(self) -> None:
     if not self.primary:

@@ -91,8 +91,8 @@ def main(argv: Sequence[str]) -> int:
   except runs.TrainingError as e:
     print(f'error: {_one_line(str(e))}', file=sys.stderr)
     return 1
-  except OSError as e:   # e.g. a full disk writing incidents.md (the telemetry sinks and a
-    # failed checkpoint save report it and go on)
+  except OSError as e:   # e.g. a full disk writing incidents.md at the end (the telemetry
+    # sinks, incidents.jsonl and a failed checkpoint save report it and go on)
     where = f': {e.filename}' if e.filename else ''
     print(f'error: {e.strerror or _one_line(str(e))}{where}; the run stopped with its last good '
           f'checkpoint kept in {workdir}; fix that and run the same command to resume',

@@ -363,6 +363,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
 def write_incident_report(config, workdir: str, incident_log, hooks) -> None:
   """workdir/incidents.md (process 0) and the console's report of the run's incidents."""
   report = incident_log.report()
+  incident_log.retry(last=True)
   if incident_log.primary:
     with open(os.path.join(workdir, 'incidents.md'), 'w') as f:
       f.write(f'# Failure monitor report: {config.name}\n\n{report}\n')

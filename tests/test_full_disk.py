@@ -4,6 +4,7 @@ records written again once there is room (what could not be is said), a quiet cl
 import errno
 import gc
 import glob
+import json
 import os
 import re
 import subprocess
@@ -304,3 +305,35 @@ def test_tensorboard_scalars_still_round_trip_after_the_guard(tmp_path):
   from test_telemetry import _read_scalars   # pylint: disable=g-import-not-at-top
   assert [s for s, _ in _read_scalars(logdir)['kl']] == list(range(1, 40))
   assert len(glob.glob(os.path.join(logdir, 'events.out.tfevents.*'))) == 1
+
+
+def test_incidents_jsonl_on_a_full_disk_goes_on_and_is_written_again(tmp_path, monkeypatch,
+                                                                     capfd):
+  """incidents.jsonl used to raise the OSError, stopping the run on process 0 alone (the others
+  would wait for it). Now: one line, the entries kept, the whole file written at the next entry
+  that can be, or said at the end of the run if it still cannot."""
+  import builtins  # pylint: disable=g-import-not-at-top
+  from rft_jax import incidents  # pylint: disable=g-import-not-at-top
+  full = {'on': False}
+
+  def disk_open(path, mode='r', *args, **kwargs):
+    if full['on'] and ('a' in mode or 'w' in mode):
+      raise OSError(errno.ENOSPC, 'No space left on device', path)
+    return builtins.open(path, mode, *args, **kwargs)
+
+  monkeypatch.setattr(incidents, 'open', disk_open, raising=False)
+  log = incidents.IncidentLog(str(tmp_path), 0)
+  log.add({'step': 1, 'kind': 'incident'})
+  full['on'] = True
+  log.add({'step': 2, 'kind': 'incident'})
+  log.add({'step': 3, 'kind': 'action'})
+  log.retry(last=True)
+  err = capfd.readouterr().err.strip().splitlines()
+  assert len(err) == 2 and 'No space left on device (errno 28): incidents are kept' in err[0]
+  assert err[1].endswith('incidents.jsonl: 3 entries not all written: No space left on device')
+  full['on'] = False
+  log.add({'step': 4, 'kind': 'verdict'})
+  with open(log.path) as f:
+    assert [json.loads(line)['step'] for line in f] == [1, 2, 3, 4]
+  assert capfd.readouterr().err.strip().endswith(
+      'written again after "No space left on device"')
