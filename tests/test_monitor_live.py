@@ -25,6 +25,11 @@ def faulty_config(mode: str, steps: int = 30):
   return config
 
 
+def metrics_records(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [json.loads(line) for line in f]
+
+
 def incidents(workdir):
   path = os.path.join(workdir, 'incidents.jsonl')
   with open(path) as f:
@@ -96,8 +101,7 @@ def test_non_finite_parameters_stop_the_run_and_keep_the_good_checkpoint(tmp_pat
   with pytest.raises(trainer.TrainingError, match=message):
     trainer.run(config, str(tmp_path))
   assert checkpoint_steps(tmp_path) == [2, 4]
-  with open(tmp_path / 'metrics.jsonl') as f:
-    logged = [json.loads(line) for line in f]
+  logged = metrics_records(tmp_path)
   train = [r for r in logged if r['kind'] == 'train']
   assert train[-1]['step'] == 5 and train[-1]['param_norm'] in ('Infinity', 'NaN')   # the cause
   if mode in ('halt', 'auto'):   # (+ nan_loss: the step's 2nd update reads the broken params)
@@ -164,8 +168,7 @@ def test_auto_mode_restores_from_before_a_streak_of_skipped_updates(tmp_path):
   assert [a['action'] for a in actions[:2]] == ['skip_batch', 'restore_and_lower_lr']
   assert actions[1]['restore_before'] == 5
   assert actions[1]['controls']['lr_scale'] == pytest.approx(1e-14)
-  with open(tmp_path / 'metrics.jsonl') as f:
-    rows = [json.loads(line) for line in f]
+  rows = metrics_records(tmp_path)
   assert any('restored the checkpoint of step 4' in r['text'] for r in rows
              if r['kind'] == 'message')
   train = [r for r in rows if r['kind'] == 'train']
@@ -184,8 +187,7 @@ def test_auto_mode_stops_when_the_restored_streak_comes_back_during_the_watch(tm
                      match=r'^5 steps in a row \(steps 5-9\) had a non-finite loss and grad_norm, '
                            r'so 9 of their 10 updates.*before step 5: step 4, in '):
     trainer.run(config, str(tmp_path))
-  with open(tmp_path / 'metrics.jsonl') as f:
-    rows = [json.loads(line) for line in f]
+  rows = metrics_records(tmp_path)
   assert [r['step'] for r in rows if r['kind'] == 'train'] == [1, 2, 3, 4, 5, 6, 7, 8, 9,
                                                                  5, 6, 7, 8, 9]
   log = incidents(str(tmp_path))
@@ -208,8 +210,7 @@ def test_a_rewind_restarts_the_skipped_streak_from_its_checkpoint(tmp_path):
                      match=r'^6 steps in a row \(steps 5-10\) had a non-finite loss and '
                            r'grad_norm.*the latest checkpoint from before step 5: step 4, in '):
     trainer.run(config, str(tmp_path))
-  with open(tmp_path / 'metrics.jsonl') as f:
-    rows = [json.loads(line) for line in f]
+  rows = metrics_records(tmp_path)
   assert any('restored the checkpoint of step 4' in r['text'] for r in rows
              if r['kind'] == 'message')
   assert [r['step'] for r in rows if r['kind'] == 'train'] == [1, 2, 3, 4, 5, 6, 7, 8,
@@ -255,8 +256,7 @@ def test_auto_mode_restores_parameters_that_are_no_longer_finite(tmp_path):
   actions = [e for e in log if e['kind'] == 'action']
   assert actions[0]['action'] == 'restore_and_lower_lr' and actions[0]['restore_before'] == 5
   assert actions[0]['controls']['lr_scale'] == pytest.approx(1e-30)
-  with open(tmp_path / 'metrics.jsonl') as f:
-    rows = [json.loads(line) for line in f]
+  rows = metrics_records(tmp_path)
   messages = [r['text'] for r in rows if r['kind'] == 'message']
   assert any('restored the checkpoint of step 4' in m for m in messages), messages
   train = [r for r in rows if r['kind'] == 'train']
