@@ -317,3 +317,19 @@ def test_tool_inspect_exits_non_zero_when_rft_jax_cannot_load_or_read(hf_models,
   assert done.returncode != 0 and done.stdout == '', done
   assert re.fullmatch(rf'error: {re.escape(str(weights))}: cannot read its tensors '
                       r'\(SafetensorError: .*\)\n', done.stderr), done.stderr
+
+
+@pytest.mark.parametrize('text,reason', [('not json', 'cannot read it as JSON'),
+                                         ('[1]', 'expected a JSON object, got list')])
+def test_unreadable_config_json_is_one_line_error(tmp_path, capsys, text, reason):
+  """A config.json that is not a JSON object: one line naming it and exit 2, with
+  --validate_only as without (was a JSONDecodeError traceback and exit 1)."""
+  (tmp_path / 'config.json').write_text(text)
+  with pytest.raises(HFCheckpointError, match=f'config.json: {reason}'):
+    hc.load_hf_config(str(tmp_path))
+  from rft_jax import main as main_lib  # pylint: disable=g-import-not-at-top
+  status = main_lib.main(['main', '--config', 'configs/grpo_arith.py:tiny',
+                          f'--config.model.path={tmp_path}', '--validate_only'])
+  err = capsys.readouterr().err
+  assert status == 2 and err.startswith('error: config.model.path: ') and reason in err, err
+  assert err.count('\n') == 1, err

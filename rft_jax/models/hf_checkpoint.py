@@ -58,8 +58,14 @@ def read_config_json(model_dir: str) -> dict:
   path = os.path.join(model_dir, CONFIG)
   if not os.path.isfile(path):
     raise HFCheckpointError(f'{path}: not found (a HF model directory needs config.json)')
-  with open(path) as f:
-    return json.load(f)
+  try:
+    with open(path, encoding='utf-8') as f:
+      hf = json.load(f)
+  except (OSError, ValueError) as e:   # unreadable, not UTF-8, not JSON
+    raise HFCheckpointError(f'{path}: cannot read it as JSON ({type(e).__name__}: {e})') from None
+  if not isinstance(hf, dict):
+    raise HFCheckpointError(f'{path}: expected a JSON object, got {type(hf).__name__}')
+  return hf
 
 
 def family(hf: dict, path: str = CONFIG) -> str:
