@@ -320,10 +320,15 @@ def finish_complete_run(config, workdir, opened) -> dict:
   hooks.on_message(f'run already complete ({start}/{config.train.steps} steps) in {workdir}; '
                    'delete the workdir or raise config.train.steps to train further')
   path = os.path.join(workdir, 'summary.json')
+  summary = None
   if os.path.exists(path):   # the finished run's own record (with fields like 'incidents')
-    with open(path) as f:
-      summary = json.load(f)
-  else:
+    try:
+      with open(path, encoding='utf-8') as f:
+        summary = json.load(f)
+    except (OSError, ValueError) as e:   # torn or edited: rebuilt from the checkpoint's record
+      hooks.on_message(f'{path} unreadable ({type(e).__name__}: {e}); rewritten from the '
+                       'checkpoint')
+  if not isinstance(summary, dict):
     summary = make_summary(config, meta['base_eval'], meta['final_eval'], start, meta['wall_s'])
   return finish_run(config, workdir, summary, hooks, ckpt, plot=False)
 

@@ -93,6 +93,16 @@ def test_second_invocation_reports_complete(tmp_path, capsys):
   assert len(train_rows(str(tmp_path))) == 2     # nothing was trained again
   for name in ('summary.json', 'metrics.jsonl', 'run.png'):
     assert os.path.exists(os.path.join(str(tmp_path), name)), name
+  # A torn summary.json (a write cut by power loss, an edit): said, rebuilt from the
+  # checkpoint's record (was a JSONDecodeError traceback on every later invocation).
+  with open(os.path.join(str(tmp_path), 'summary.json'), 'w') as f:
+    f.write('{"recipe": ')
+  third = trainer.run(config, str(tmp_path))
+  assert 'summary.json unreadable (JSONDecodeError' in capsys.readouterr().out
+  rebuilt = lambda s: {k: v for k, v in s.items() if k not in ('incidents', 'wall_s')}
+  assert rebuilt(third) == rebuilt(first)
+  with open(os.path.join(str(tmp_path), 'summary.json')) as f:
+    assert json.load(f) == third
 
 
 def test_a_truncated_sampler_is_announced_and_shows_in_the_mismatch_metric(tmp_path):
