@@ -90,7 +90,7 @@ def load_recipe(spec: str, origin: str | None = None) -> ml_collections.ConfigDi
   path, *arg = spec.split(':', 1)
   if not os.path.isfile(path):
     raise RecipeError(f'config file not found: {path!r} (from {origin or repr(spec)}; relative '
-                      f'to {os.getcwd()})')
+                      f'to {os.getcwd()}){_shipped_hint(path)}')
   _add_import_root(path)
   try:
     module_spec = importlib.util.spec_from_file_location('_rft_jax_recipe', path)
@@ -116,6 +116,14 @@ def load_recipe(spec: str, origin: str | None = None) -> ml_collections.ConfigDi
     raise RecipeError(f'config file {path!r}: get_config() returned {type(config).__name__}, '
                       'not a ConfigDict')
   return config
+
+
+def _shipped_hint(path: str) -> str:
+  """'; shipped recipes: ...' (closest first when one is close), for a recipe not found."""
+  shipped = sorted(f[:-3] for f in os.listdir(os.path.join(REPO_ROOT, 'configs'))
+                   if f.endswith('.py') and f not in ('__init__.py', 'common.py'))
+  name = os.path.basename(path).removesuffix('.py')
+  return f'{config_lib.did_you_mean(name, shipped)}; shipped recipes: {", ".join(shipped)}'
 
 
 def _add_import_root(path: str) -> None:

@@ -104,6 +104,11 @@ def test_recipe_errors_are_one_line(tmp_path):
   with pytest.raises(api.RecipeError, match=r"^config file not found: 'configs/nope\.py' "
                      r"\(from 'nope'; relative to "):
     api.load_config('nope')
+  # A misspelt shipped recipe: the closest one and the list (was only 'not found ... relative
+  # to <cwd>', though a bare name is looked up in the checkout too).
+  with pytest.raises(api.RecipeError, match=r"\(did you mean 'grpo_arith'\?\); shipped recipes: "
+                     r"cispo_arith, .*, grpo_arith, .*sft_arith$"):
+    api.load_config('grpo_arth:tiny')
   broken = tmp_path / 'broken.py'
   broken.write_text('def get_config(arg=None):\n  return {"not": "a ConfigDict"}\n')
   with pytest.raises(api.RecipeError, match='get_config\\(\\) returned dict, not a ConfigDict'):
