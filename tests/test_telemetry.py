@@ -427,6 +427,28 @@ def test_plot_run_missing_series(tmp_path):
   _check_png(tmp_path / 'empty.png')
 
 
+def test_sft_and_dpo_logs_plot_their_own_signals(tmp_path):
+  """An SFT or DPO log has no reward, KL, entropy or length: its loss, accuracy, implicit
+  rewards, log-probs (DPO) or learning rate and param norm (SFT) take those four panels (they
+  said 'no data', and the loss was not drawn at all)."""
+  dpo = [{'step': s, 'loss': 1.0 / s, 'nll_loss': 0.5, 'rewards/accuracies': 0.5,
+          'rewards/chosen': 0.1 * s, 'rewards/rejected': -0.1 * s, 'rewards/margins': 0.2 * s,
+          'logps/chosen': -1.0, 'logps/rejected': -2.0, 'lr': 1e-4, 'param_norm': 9.0,
+          'grad_norm': 1.0} for s in range(1, 5)]
+  sft = [{'step': s, 'loss': 1.0 / s, 'token_acc': 0.1 * s, 'lr': 1e-4, 'param_norm': 9.0,
+          'grad_norm': 1.0} for s in range(1, 5)]
+  rl = [{'step': s, 'reward/mean': 0.5, 'loss': 1.0, 'lr': 1e-4} for s in range(1, 5)]
+  titles = lambda records: [ax.get_title() for ax in plot_lib.plot_records(
+      records, tmp_path / 'run.png').axes]
+  assert titles(dpo) == ['loss', 'accuracy', 'DPO implicit reward', 'log-prob', 'grad norm',
+                         'eval accuracy']
+  assert titles(sft) == ['loss', 'accuracy', 'learning rate', 'param norm', 'grad norm',
+                         'eval accuracy']
+  assert titles(rl) == ['reward', 'KL', 'entropy', 'response length', 'grad norm',
+                        'eval accuracy']   # RL logs keep their panels, loss or not
+  _check_png(tmp_path / 'run.png')
+
+
 def test_ema_debiased_and_skips_nan():
   assert plot_lib.ema([2.0, 2.0, 2.0]) == pytest.approx([2.0, 2.0, 2.0])
   out = plot_lib.ema([1.0, float('nan'), 3.0], weight=0.5)

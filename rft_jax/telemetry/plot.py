@@ -1,8 +1,10 @@
 """One-image summary of a run from its metrics.jsonl (see `sinks.JsonlSink`).
 
 A 2x3 grid: reward mean (+- std band), KL, entropy, response length (mean and
-max), grad norm, and eval accuracy. Train series are drawn raw (faint) with a
-debiased EMA on top; a panel whose series are absent says 'no data'.
+max), grad norm, and eval accuracy (an SFT or DPO log: loss, accuracy, DPO implicit
+rewards and log-probs or learning rate and param norm in the first four).
+Train series are drawn raw (faint) with a debiased EMA on top; a panel whose
+series are absent says 'no data'.
 Monitor incidents are marked on every train panel (a line at the detection step,
 a shaded span back to the onset, the fault class as label) and remediation
 actions as dotted lines; `plot_records` draws the same grid from in-memory
@@ -93,10 +95,10 @@ def _train_panel(ax, records, title: str,
   """Draws each (key, label) train series that has data, else 'no data'."""
   colors = ('tab:blue', 'tab:orange', 'tab:green')
   drawn = 0
-  for (key, label), color in zip(series, colors):
+  for key, label in series:
     steps, values = _series(records, key)
-    if _has_data(values):
-      _plot_smoothed(ax, steps, values, label, color)
+    if _has_data(values) and drawn < len(colors):
+      _plot_smoothed(ax, steps, values, label, colors[drawn])
       drawn += 1
   if not drawn:
     _no_data(ax, title)
@@ -106,6 +108,27 @@ def _train_panel(ax, records, title: str,
   ax.grid(alpha=0.3)
   if drawn > 1:
     ax.legend(fontsize=8)
+
+
+# An SFT or DPO log has none of the RL signals: its own in the first four panels instead.
+_RL_KEYS = ('reward/mean', 'kl', 'entropy', 'response/len_mean')
+_SUPERVISED_PANELS = (
+    ('loss', (('loss', 'loss'), ('nll_loss', 'NLL term'))),
+    ('accuracy', (('token_acc', 'next token'), ('rewards/accuracies', 'chosen > rejected'))),
+    ('DPO implicit reward', (('rewards/chosen', 'chosen'), ('rewards/rejected', 'rejected'),
+                             ('rewards/margins', 'margin'))),
+    ('log-prob', (('logps/chosen', 'chosen'), ('logps/rejected', 'rejected'))),
+    ('learning rate', (('lr', 'lr'),)),
+    ('param norm', (('param_norm', 'param norm'),)),
+)
+
+
+def supervised_panels(records) -> list[tuple[str, Sequence[tuple[str, str]]]]:
+  """(title, series) of the first four SFT/DPO panels with data; [] for an RL log."""
+  if any(k in r for r in records for k in _RL_KEYS):
+    return []
+  return [(title, series) for title, series in _SUPERVISED_PANELS
+          if any(_has_data(_series(records, k)[1]) for k, _ in series)][:4]
 
 
 def _reward_panel(ax, records) -> None:
@@ -223,8 +246,8 @@ def _events_legend(fig, colors: Mapping[str, str], remediations: bool) -> None:
 def plot_records(train: Sequence[Mapping[str, Any]], png_path: str | os.PathLike,
                  title: str = '', evals: Sequence[Mapping[str, Any]] = (),
                  incidents: Sequence[Mapping[str, Any]] = (),
-                 remediations: Sequence[Mapping[str, Any]] = ()) -> None:
-  """Renders the 2x3 summary grid from in-memory records to `png_path`.
+                 remediations: Sequence[Mapping[str, Any]] = ()):
+  """Renders the 2x3 summary grid from in-memory records to `png_path`; returns the Figure.
 
   Args:
     train: per-step metric dicts, each with 'step' (e.g. `monitor.formats.load_run` output,
@@ -244,11 +267,17 @@ def plot_records(train: Sequence[Mapping[str, Any]], png_path: str | os.PathLike
   fig = Figure(figsize=(15, 8.5), layout='constrained')
   FigureCanvasAgg(fig)
   axes = fig.subplots(2, 3)
-  _reward_panel(axes[0, 0], train)
-  _train_panel(axes[0, 1], train, 'KL', [('kl', 'kl')])
-  _train_panel(axes[0, 2], train, 'entropy', [('entropy', 'entropy')])
-  _train_panel(axes[1, 0], train, 'response length',
-               [('response/len_mean', 'mean'), ('response/len_max', 'max')])
+  supervised = supervised_panels(train)
+  if supervised:   # SFT, DPO: loss, accuracy, ...
+    for ax, (name, series) in zip((axes[0, 0], axes[0, 1], axes[0, 2], axes[1, 0]),
+                                  supervised + [('', ())] * (4 - len(supervised))):
+      _train_panel(ax, train, name, series)
+  else:
+    _reward_panel(axes[0, 0], train)
+    _train_panel(axes[0, 1], train, 'KL', [('kl', 'kl')])
+    _train_panel(axes[0, 2], train, 'entropy', [('entropy', 'entropy')])
+    _train_panel(axes[1, 0], train, 'response length',
+                 [('response/len_mean', 'mean'), ('response/len_max', 'max')])
   _grad_norm_panel(axes[1, 1], train)
   _eval_panel(axes[1, 2], evals)
 
@@ -263,6 +292,7 @@ def plot_records(train: Sequence[Mapping[str, Any]], png_path: str | os.PathLike
   png_path = os.fspath(png_path)
   os.makedirs(os.path.dirname(os.path.abspath(png_path)), exist_ok=True)
   fig.savefig(png_path, dpi=110, format='png')
+  return fig
 
 
 def plot_run(jsonl_path: str | os.PathLike, png_path: str | os.PathLike,
