@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from rft_jax.monitor import formats, synthetic
+from rft_jax.monitor import formats, signals, synthetic
 from rft_jax.telemetry import plot, sinks
 from tools import monitor_replay
 
@@ -378,6 +378,18 @@ def test_cli_reads_the_runs_warmup_a_directory_and_refuses_empty_logs(tmp_path, 
     assert len(err.strip().splitlines()) == 1 and err.startswith('error: '), err
   assert monitor_replay.main([str(run), '--out', str(run / 'metrics.jsonl' / 'x')]) == 1
   assert capsys.readouterr().err.startswith('error: cannot write the replay to')
+
+
+def test_cli_says_which_watched_signals_a_log_lacks(tmp_path, capsys):
+  """An SFT or DPO log (no reward, KL, entropy or length): not a bare '0 incident(s)'."""
+  log, rec = tmp_path / 'metrics.jsonl', {'kind': 'train', 'grad_norm': 0.5, 'lr': 1e-5}
+  log.write_text(''.join(json.dumps({'step': s, 'loss': 1 / s, **rec}) + '\n'
+                         for s in range(1, 21)))
+  assert monitor_replay.main([str(log), '--out', str(tmp_path / 'out')]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0].startswith('0 incident(s) over 20 logged steps') and lines[1] == (
+      'the log lacks 13 of the 16 signals the monitor watches, so the signatures on them could '
+      'not fire: ' + ', '.join(s for s in signals.SIGNALS if s not in ('loss', 'grad_norm', 'lr')))
 
 
 def test_a_trl_log_exported_from_wandb_is_trl():

@@ -95,6 +95,12 @@ def replay(records: Sequence[Mapping[str, Any]],
   return incidents
 
 
+def unwatched(records: Sequence[Mapping[str, Any]]) -> list[str]:
+  """The monitor's signals (signals.SIGNALS) that no record logs, in their order."""
+  logged = {key for record in records for key in record}
+  return [name for name in signals.SIGNALS if name not in logged]
+
+
 def _as_float(value: Any) -> float:
   if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
     return math.nan
@@ -190,6 +196,10 @@ def main(argv: Sequence[str] | None = None) -> int:
            if len(records) > len(steps) else '')
   print(f'{len(incidents)} incident(s) over {len(steps)} logged steps{again} of {args.run} '
         f'(monitor warm-up {cfg.warmup} steps)')
+  missing = unwatched(records)
+  if missing:   # e.g. an SFT or DPO log: no reward, KL, entropy or length to watch
+    print(f'the log lacks {len(missing)} of the {len(signals.SIGNALS)} signals the monitor '
+          f'watches, so the signatures on them could not fire: {", ".join(missing)}')
 
   out = args.out or os.path.join(run_dir, 'monitor_replay')
   incidents_path = os.path.join(out, 'incidents.jsonl')
