@@ -273,15 +273,27 @@ def open_run(workdir: str, config: ml_collections.ConfigDict | None = None) -> R
   recorded = os.path.join(workdir, 'config.json')
   from_record = config is None and os.path.isfile(recorded)
   if from_record:
-    with open(recorded, encoding='utf-8') as f:
-      config = ml_collections.ConfigDict(json.load(f))
+    config = ml_collections.ConfigDict(_read_json(recorded, 'run the recipe again with --workdir '
+                                                  'to record it, or pass config='))
   summary_path = os.path.join(workdir, 'summary.json')
   summary = {}
   if os.path.isfile(summary_path):
-    with open(summary_path, encoding='utf-8') as f:
-      summary = json.load(f)
+    summary = _read_json(summary_path, "rerun the recipe's command: a finished run rewrites it "
+                                       "from its checkpoint")
   return Run(config=config, workdir=workdir, summary=summary, records=_read_records(path),
              mesh_from_record=from_record)
+
+
+def _read_json(path: str, remedy: str) -> dict:
+  """A JSON object file of a run -> its dict; ValueError naming the file when it is not one."""
+  with open(path, encoding='utf-8') as f:
+    try:
+      value = json.load(f)
+    except ValueError as e:   # torn or edited
+      raise ValueError(f'{path}: not readable JSON ({e}); {remedy}') from None
+  if not isinstance(value, dict):
+    raise ValueError(f'{path}: not a JSON object; {remedy}')
+  return value
 
 
 def _read_records(path: str) -> list[dict[str, Any]]:
