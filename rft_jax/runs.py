@@ -317,8 +317,10 @@ def save_checkpoint(config, ckpt: Checkpointer, step: int, state, data_state: di
 def finish_complete_run(config, workdir, opened) -> dict:
   """A second invocation of a finished run: say so, re-emit its summary, train nothing."""
   _, _, ckpt, meta, hooks, start, _ = opened
-  hooks.on_message(f'run already complete ({start}/{config.train.steps} steps) in {workdir}; '
-                   'delete the workdir or raise config.train.steps to train further')
+  done = (f'{start}/{start} steps' if start == config.train.steps else
+          f'{start} steps, more than config.train.steps={config.train.steps}')
+  hooks.on_message(f'run already complete ({done}) in {workdir}; delete the workdir or raise '
+                   f'config.train.steps above {start} to train further')
   path = os.path.join(workdir, 'summary.json')
   summary = None
   if os.path.exists(path):   # the finished run's own record (with fields like 'incidents')
