@@ -252,13 +252,15 @@ class Checkpointer:
               like_reference: Any = None, reference_shardings: Any = None):
     """Restores (state, data_state, meta, reference or None) into the structure/shardings of
     `like_state` (and `like_reference`, for a checkpoint that holds a reset reference)."""
-    meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-    has_reference = meta['meta'].get('has_reference', False) and like_reference is not None
-    state = self._restore_state(step, like_state, shardings)
-    args = {'data': ocp.args.JsonRestore(), 'meta': ocp.args.JsonRestore()}
-    if has_reference:
-      args['reference'] = ocp.args.StandardRestore(_abstract(like_reference, reference_shardings))
-    out = self._manager.restore(step, args=ocp.args.Composite(**args))
+    with self._quiet.restore():   # a failed read is raised once, without orbax's tracebacks
+      meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+      has_reference = meta['meta'].get('has_reference', False) and like_reference is not None
+      state = self._restore_state(step, like_state, shardings)
+      args = {'data': ocp.args.JsonRestore(), 'meta': ocp.args.JsonRestore()}
+      if has_reference:
+        args['reference'] = ocp.args.StandardRestore(_abstract(like_reference,
+                                                               reference_shardings))
+      out = self._manager.restore(step, args=ocp.args.Composite(**args))
     meta = {k: v for k, v in out['meta'].items() if k != 'has_reference'}
     return state, out['data'], meta, out['reference'] if has_reference else None
 

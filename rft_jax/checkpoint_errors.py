@@ -81,17 +81,21 @@ class _OrbaxErrorRecords(logging.Filter):
     return not (any(_ORBAX in f for f in files) or 'orbax' in record.getMessage())
 
 
-def _closed_loop(unraisable) -> bool:
-  """A tensorstore callback into the event loop of an orbax write that already failed."""
-  return (isinstance(unraisable.exc_value, RuntimeError)
-          and str(unraisable.exc_value) == 'Event loop is closed')
+def _orbax_noise(unraisable) -> bool:
+  """A tensorstore callback into the event loop of an orbax write or read that already failed,
+  or one of its read coroutines collected with that read's error."""
+  if (isinstance(unraisable.exc_value, RuntimeError)
+      and str(unraisable.exc_value) == 'Event loop is closed'):
+    return True
+  code = getattr(unraisable.object, 'cr_code', None)
+  return code is not None and _ORBAX in code.co_filename
 
 
 class Quiet:
-  """Mutes orbax's noise during each save and, once one failed, until `close` (orbax's threads
-  and tensorstore's writes of a failed save go on failing, and logging, after it returned):
-  its error records (absl and asyncio logging) and the 'Event loop is closed' callbacks
-  (sys.unraisablehook)."""
+  """Mutes orbax's noise during each save and restore and, once one failed, until `close`
+  (orbax's threads and tensorstore's writes and reads of a failed one go on failing, and
+  logging, after it returned): its error records (absl and asyncio logging), the 'Event loop is
+  closed' callbacks and its read coroutines collected with their error (sys.unraisablehook)."""
 
   def __init__(self):
     self.failed = False
@@ -104,7 +108,7 @@ class Quiet:
     previous = sys.unraisablehook
 
     def hook(unraisable):
-      if not _closed_loop(unraisable):
+      if not _orbax_noise(unraisable):
         previous(unraisable)
     self._hook, self._previous = hook, previous
     sys.unraisablehook = hook
@@ -120,15 +124,23 @@ class Quiet:
       sys.unraisablehook = self._previous
     self._hook = self._previous = None
 
-  @contextlib.contextmanager
   def save(self):
     """Around one save (orbax's save and wait)."""
+    return self._around((OSError, ValueError))
+
+  def restore(self):
+    """Around one restore: a truncated or altered file fails orbax's reads, whose tasks then
+    print a traceback each ('Event loop is closed', thousands of lines for one checkpoint)."""
+    return self._around(Exception)
+
+  @contextlib.contextmanager
+  def _around(self, errors):
     self._start()
     try:
       with _unawaited_coroutines_ignored():
         try:
           yield
-        except (OSError, ValueError) as e:
+        except errors as e:
           self.failed = True
           _release(e)
           raise

@@ -239,7 +239,8 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
           start, state, shardings, like_reference=c.params,
           reference_shardings=c.param_shardings)
     except Exception as e:  # pylint: disable=broad-exception-caught
-      reason = f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'
+      first = str(e).splitlines()[0] if str(e) else ''
+      reason = f'{type(e).__name__}: {first.split(". See full TensorStore details")[0]}'
       if ckpt.verified(start):   # its files are intact, so it is this config that differs
         ckpt.close()
         raise components.SetupError(
