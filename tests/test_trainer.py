@@ -87,6 +87,7 @@ def test_second_invocation_reports_complete(tmp_path, capsys):
   assert 'already complete' in out and 'run summary' in out
   assert not [l for l in out.splitlines() if l.startswith('step ')], out   # no step 2/2 again
   assert second == first                          # the same summary, incidents included
+  assert list(second) == list(first)              # in the same order (the console's table)
   assert second['steps'] == 2
   messages = read_jsonl(os.path.join(str(tmp_path), 'metrics.jsonl'), kind='message')
   assert any('already complete' in m['text'] for m in messages)
