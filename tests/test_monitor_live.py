@@ -71,13 +71,15 @@ def test_halt_mode_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   assert not (tmp_path / 'summary.json').exists()
 
 
-def overflow_config(mode: str, keep: int = 2, **overrides):
+def overflow_config(mode: str, keep: int = 2, strength: float = 1e30, **overrides):
   """The tiny recipe, 10 steps, checkpoints every 2, with a 1e30x learning rate at step 5
-  only: the parameters overflow at step 5 while its loss and gradient stay finite."""
+  only: the parameters overflow at step 5 while its loss and gradient stay finite (at 1e14x
+  they stay finite and huge, and the losses after are NaN)."""
   config = tiny_config(**{'train.steps': 10, 'train.eval_every': 100, 'train.ckpt_every': 2,
                           'train.keep_checkpoints': keep, 'rollout.prompts_per_step': 8,
                           'monitor.mode': mode, **overrides})
-  config.faults = [{'type': 'lr_spike', 'onset_step': 5, 'strength': 1e30, 'duration': 1}]
+  config.faults = [{'type': 'lr_spike', 'onset_step': 5, 'strength': strength,
+                    'duration': 1}]
   return config
 
 
@@ -132,8 +134,7 @@ def test_a_streak_of_skipped_updates_stops_a_monitored_run(tmp_path):
   checkpoint from before them. The message counts the updates skipped: step 5's first one
   (of the recipe's 2 per step) was applied, the one that made the parameters huge (it used to
   say 'every update was skipped')."""
-  config = overflow_config('warn', keep=10, **{'train.steps': 14})
-  config.faults[0]['strength'] = 1e14
+  config = overflow_config('warn', keep=10, strength=1e14, **{'train.steps': 14})
   with pytest.raises(trainer.TrainingError,
                      match=r'^5 steps in a row \(steps 5-9\) had a non-finite loss and grad_norm, '
                            r'so 9 of their 10 updates were skipped \(config.monitor.'
@@ -156,9 +157,9 @@ def test_auto_mode_restores_from_before_a_streak_of_skipped_updates(tmp_path):
   the checkpoint of step 4 restored, the learning rate lowered, the run going on to its end.
   monitor.lr_factor=1e-14 makes the replayed step 5 run at the recipe's learning rate (see
   test_auto_mode_restores_parameters_that_are_no_longer_finite)."""
-  config = overflow_config('auto', keep=10, **{'train.steps': 12, 'monitor.lr_factor': 1e-14,
-                                               'monitor.watch_steps': 3})
-  config.faults[0]['strength'] = 1e14
+  config = overflow_config('auto', keep=10, strength=1e14,
+                           **{'train.steps': 12, 'monitor.lr_factor': 1e-14,
+                              'monitor.watch_steps': 3})
   summary = trainer.run(config, str(tmp_path))
   assert summary['steps'] == 12 and (tmp_path / 'summary.json').exists()
   log = incidents(str(tmp_path))
@@ -181,8 +182,7 @@ def test_auto_mode_stops_when_the_restored_streak_comes_back_during_the_watch(tm
   skips steps 5-9 anew. The streak restarts from checkpoint 4's count (0; it would stop at the
   replayed step 5 as 6 steps if the abandoned steps counted), and this time the restore's
   action is still watched: no second restore, the run stops as in the other modes."""
-  config = overflow_config('auto', keep=10, **{'train.steps': 14})
-  config.faults[0]['strength'] = 1e14
+  config = overflow_config('auto', keep=10, strength=1e14, **{'train.steps': 14})
   with pytest.raises(trainer.TrainingError,
                      match=r'^5 steps in a row \(steps 5-9\) had a non-finite loss and grad_norm, '
                            r'so 9 of their 10 updates.*before step 5: step 4, in '):
@@ -203,9 +203,9 @@ def test_a_rewind_restarts_the_skipped_streak_from_its_checkpoint(tmp_path):
   streak is that of the trajectory the run continues (0 at step 4), not the abandoned steps'
   added to the redo's: the redo stops after 6 skipped steps of its own, 5-10, naming step 4
   (was: after 3, as 'steps 2-7', with no checkpoint before step 2)."""
-  config = overflow_config('auto', keep=10, **{'train.steps': 30, 'monitor.warmup': 3,
-                                               'monitor.max_skipped_steps': 6})
-  config.faults[0]['strength'] = 1e14
+  config = overflow_config('auto', keep=10, strength=1e14,
+                           **{'train.steps': 30, 'monitor.warmup': 3,
+                              'monitor.max_skipped_steps': 6})
   with pytest.raises(trainer.TrainingError,
                      match=r'^6 steps in a row \(steps 5-10\) had a non-finite loss and '
                            r'grad_norm.*the latest checkpoint from before step 5: step 4, in '):
@@ -223,11 +223,9 @@ def test_a_resumed_run_carries_on_the_skipped_streak(tmp_path):
   streak goes on from 3 and stops the run at step 9 naming step 4, the checkpoint from before
   it (was: counted from 0 again, stopped at step 12 naming step 7, whose parameters are the
   broken ones)."""
-  config = overflow_config('warn', keep=10, **{'train.steps': 7})
-  config.faults[0]['strength'] = 1e14
+  config = overflow_config('warn', keep=10, strength=1e14, **{'train.steps': 7})
   trainer.run(config, str(tmp_path))
-  config = overflow_config('warn', keep=10, **{'train.steps': 14})
-  config.faults[0]['strength'] = 1e14
+  config = overflow_config('warn', keep=10, strength=1e14, **{'train.steps': 14})
   with pytest.raises(trainer.TrainingError,
                      match=r'^5 steps in a row \(steps 5-9\) had a non-finite loss and '
                            r'grad_norm.*the latest checkpoint from before step 5: step 4, in '):
