@@ -156,11 +156,9 @@ def streak_incident(step: int, streak: int, limit: int) -> dict:
   `step`, with skipped updates, shaped as monlib.incidents_from_alarms' are: its onset is the
   streak's first step, its score the streak over the limit."""
   s, score = SKIPPED_STREAK, streak / limit
-  return {'step': int(step), 'onset_step': int(step) - streak + 1, 'signature': s.name,
-          'fault_class': s.fault_class, 'severity': s.severity, 'remediation': s.remediation,
-          'description': s.description, 'score': score,
-          'evidence': [{'signal': s.conditions[0].signal, 'direction': 'up', 'score': score,
-                        'value': float(streak)}]}
+  return monlib.incident(s, step, step - streak + 1, score,
+                         [{'signal': s.conditions[0].signal, 'direction': 'up', 'score': score,
+                           'value': float(streak)}])
 
 
 def handle_streak(streak: int, limit: int, step: int, remediator: Remediator, hooks,

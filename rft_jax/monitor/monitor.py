@@ -160,6 +160,13 @@ def _num(v) -> float | None:
   return v if math.isfinite(v) else None
 
 
+def incident(s: sigs.Signature, step: int, onset: int, score: float, evidence: list) -> dict:
+  """The JSON-serialisable record of signature `s` firing at `step` (incidents.jsonl's shape)."""
+  return {'step': int(step), 'onset_step': int(onset), 'signature': s.name,
+          'fault_class': s.fault_class, 'severity': s.severity, 'remediation': s.remediation,
+          'description': s.description, 'score': score, 'evidence': evidence}
+
+
 def incidents_from_alarms(alarms: Alarms, step: int) -> list[dict]:
   """Host-side: one JSON-serialisable dict per signature that fired in this step's `alarms`
   (host numpy from jax.device_get; one unbatched step), most serious and specific first
@@ -187,10 +194,7 @@ def incidents_from_alarms(alarms: Alarms, step: int) -> list[dict]:
                        'score': _num(scores[j]), 'value': _num(alarms.value[j]),
                        'baseline': _num(alarms.baseline[j])})
     lag = int(alarms.step) - int(alarms.onset[k])
-    out.append({
-        'step': int(step), 'onset_step': int(step) - lag, 'signature': s.name,
-        'fault_class': s.fault_class, 'severity': s.severity, 'remediation': s.remediation,
-        'description': s.description, 'score': _num(alarms.score[k]), 'evidence': evidence})
+    out.append(incident(s, step, int(step) - lag, _num(alarms.score[k]), evidence))
   out.sort(key=lambda inc: sigs.rank_key(sigs.SIGNATURES[sigs.SIGNATURE_NAMES.index(
       inc['signature'])], inc['score'] or 0.0))
   return out
