@@ -23,7 +23,6 @@ import copy
 import dataclasses
 import functools
 import importlib.util
-import json
 import os
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from typing import Any
 import ml_collections
 
 from rft_jax import config as config_lib
+from rft_jax import jsonfile
 from rft_jax.config import ConfigError
 from rft_jax.policy import Policy, choose_mesh, evaluate, load_policy, sample  # noqa: F401
 from rft_jax.telemetry.hooks import Hook
@@ -286,14 +286,10 @@ def open_run(workdir: str, config: ml_collections.ConfigDict | None = None) -> R
 
 def _read_json(path: str, remedy: str) -> dict:
   """A JSON object file of a run -> its dict; ValueError naming the file when it is not one."""
-  with open(path, encoding='utf-8') as f:
-    try:
-      value = json.load(f)
-    except ValueError as e:   # torn or edited
-      raise ValueError(f'{path}: not readable JSON ({e}); {remedy}') from None
-  if not isinstance(value, dict):
-    raise ValueError(f'{path}: not a JSON object; {remedy}')
-  return value
+  try:
+    return jsonfile.read_object(path)
+  except ValueError as e:   # torn or edited
+    raise ValueError(f'{e}; {remedy}') from None
 
 
 def _read_records(path: str) -> list[dict[str, Any]]:

@@ -26,6 +26,8 @@ from typing import Iterable, Protocol, Sequence, runtime_checkable
 
 import sentencepiece as spm
 
+from rft_jax import jsonfile
+
 PAD_ID = 0
 UNK_ID = 1
 BOS_ID = 2
@@ -282,14 +284,7 @@ def _read_json(directory: str, name: str) -> dict:
   path = os.path.join(directory, name)
   if not os.path.isfile(path):
     return {}
-  try:
-    with open(path, encoding='utf-8') as f:
-      value = json.load(f)
-  except ValueError as e:
-    raise ValueError(f'{path}: not valid JSON ({e})') from None
-  if not isinstance(value, dict):
-    raise ValueError(f'{path}: expected a JSON object, got {type(value).__name__}')
-  return value
+  return jsonfile.read_object(path)
 
 
 def _token_text(entry) -> str | None:

@@ -269,7 +269,8 @@ def test_a_rewound_run_reads_as_its_final_trajectory(tmp_path):
   # A torn summary.json or config.json: a ValueError naming the file and what to do.
   for name, torn in (('summary.json', '{"steps": 8, "final_gr'), ('config.json', '[1, 2]')):
     (tmp_path / name).write_text(torn)
-    with pytest.raises(ValueError, match=rf'^{tmp_path}/{name}: not (readable JSON|a JSON obj)'):
+    with pytest.raises(ValueError,
+                       match=rf'^{tmp_path}/{name}: (not valid JSON|expected a JSON obj)'):
       api.open_run(str(tmp_path))
     (tmp_path / name).unlink()
 

@@ -319,7 +319,7 @@ def test_tool_inspect_exits_non_zero_when_rft_jax_cannot_load_or_read(hf_models,
                       r'\(SafetensorError: .*\)\n', done.stderr), done.stderr
 
 
-@pytest.mark.parametrize('text,reason', [('not json', 'cannot read it as JSON'),
+@pytest.mark.parametrize('text,reason', [('not json', 'not valid JSON'),
                                          ('[1]', 'expected a JSON object, got list')])
 def test_unreadable_config_json_is_one_line_error(tmp_path, capsys, text, reason):
   """A config.json that is not a JSON object: one line naming it and exit 2, with

@@ -30,6 +30,7 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from rft_jax import jsonfile
 from rft_jax.models import functional
 from rft_jax.models.llama import ModelConfig
 
@@ -59,13 +60,11 @@ def read_config_json(model_dir: str) -> dict:
   if not os.path.isfile(path):
     raise HFCheckpointError(f'{path}: not found (a HF model directory needs config.json)')
   try:
-    with open(path, encoding='utf-8') as f:
-      hf = json.load(f)
-  except (OSError, ValueError) as e:   # unreadable, not UTF-8, not JSON
-    raise HFCheckpointError(f'{path}: cannot read it as JSON ({type(e).__name__}: {e})') from None
-  if not isinstance(hf, dict):
-    raise HFCheckpointError(f'{path}: expected a JSON object, got {type(hf).__name__}')
-  return hf
+    return jsonfile.read_object(path)
+  except ValueError as e:   # not JSON, not UTF-8, not an object
+    raise HFCheckpointError(str(e)) from None
+  except OSError as e:
+    raise HFCheckpointError(f'{path}: cannot read it ({e.strerror or e})') from None
 
 
 def family(hf: dict, path: str = CONFIG) -> str:
