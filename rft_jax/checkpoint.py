@@ -1,10 +1,13 @@
 """Checkpoints with orbax, verified: a checkpoint is used only if every file it wrote is intact.
 
 Layout of a run's checkpoints: workdir/checkpoints/<step>/{state, data, meta, [reference],
-rft_manifest.json}. `state` is the TrainState pytree (params, optimizer state, step, run-time
-controls, monitor state); `data` the grain iterator state; `meta` a small JSON dict (base-policy
-eval, remediation state, wall time); `reference` the reference policy's params, present only once
-remediation has reset it (before that the reference is the initial policy, rebuilt at start-up).
+[reference_before_reset], rft_manifest.json}. `state` is the TrainState pytree (params, optimizer
+state, step, run-time controls, monitor state); `data` the grain iterator state; `meta` a small
+JSON dict (base-policy eval, remediation state, wall time); `reference` the reference policy's
+params, present only once remediation has reset it (before that the reference is the initial
+policy, rebuilt at start-up); `reference_before_reset` the reference an undo of a watched reset
+puts back, present only while that reset is undoable and the reference before it was itself a
+reset one (rft_jax/incidents.py undo_reference; the initial policy is rebuilt, never saved).
 The sampling RNG is derived as fold_in(key(seed), step), so (seed, step) restore it exactly.
 
 Crash safety. Orbax writes a checkpoint into a temporary directory and renames it into place when
@@ -45,6 +48,7 @@ from etils import epath
 from rft_jax import checkpoint_errors
 
 MANIFEST = 'rft_manifest.json'
+BEFORE_RESET = 'reference_before_reset'   # the item an undo of a reference reset puts back
 # TrainState fields that may be started afresh when a checkpoint's copy no longer fits (the
 # failure monitor's running statistics: it re-learns them in its warm-up).
 RESETTABLE_FIELDS = ('monitor',)
@@ -187,26 +191,30 @@ class Checkpointer:
 
   def _needed_bytes(self, items: dict) -> int:
     """Bytes the next checkpoint will take: the size of the latest one on disk (from its
-    manifest, or by walking it when it has none), else the in-memory size of `items`."""
+    manifest, or by walking it when it has none) plus the in-memory size of the params items
+    (reference, reference_before_reset) it lacks, else the in-memory size of `items`."""
     steps = self.all_steps()
-    if steps:
-      step_dir = os.path.join(self.directory, str(steps[-1]))
-      try:
-        with open(os.path.join(step_dir, MANIFEST)) as f:
-          return sum(size for size, _ in json.load(f)['files'].values())
-      except (OSError, ValueError, KeyError):   # unverified checkpoint: no manifest to read
-        return sum(os.path.getsize(os.path.join(root, name))
-                   for root, _, names in os.walk(step_dir) for name in names)
-    return tree_nbytes(items)
+    if not steps:
+      return tree_nbytes(items)
+    step_dir = os.path.join(self.directory, str(steps[-1]))
+    try:
+      with open(os.path.join(step_dir, MANIFEST)) as f:
+        size = sum(size for size, _ in json.load(f)['files'].values())
+    except (OSError, ValueError, KeyError):   # unverified checkpoint: no manifest to read
+      size = sum(os.path.getsize(os.path.join(root, name))
+                 for root, _, names in os.walk(step_dir) for name in names)
+    return size + tree_nbytes([v for k, v in items.items() if k != 'state'
+                               and not os.path.isdir(os.path.join(step_dir, k))])
 
   def save(self, step: int, state: Any, data_state: dict, meta: dict,
-           reference: Any = None) -> None:
-    """Saves, waits, verifies; then drops verified checkpoints beyond `keep`.
+           reference: Any = None, reference_before_reset: Any = None) -> None:
+    """Saves, waits, verifies; then drops verified checkpoints beyond `keep`. reference,
+    reference_before_reset: params pytrees saved as those items (module doc), or None.
 
     Raises CheckpointSaveError (earlier checkpoints untouched) when the disk is too full or the
     write fails.
     """
-    items = {'state': state, 'reference': reference}
+    items = {'state': state, 'reference': reference, BEFORE_RESET: reference_before_reset}
     need = int(_DISK_MARGIN * self._needed_bytes(items))
     free = shutil.disk_usage(self.directory).free
     if free < need:
@@ -217,6 +225,8 @@ class Checkpointer:
             'meta': ocp.args.JsonSave({**meta, 'has_reference': reference is not None})}
     if reference is not None:
       args['reference'] = ocp.args.StandardSave(reference)
+    if reference_before_reset is not None:
+      args[BEFORE_RESET] = ocp.args.StandardSave(reference_before_reset)
     try:
       with self._quiet.save():   # orbax's noise muted: a failed write is said below, in one line
         self._manager.save(step, args=ocp.args.Composite(**args), force=True)
@@ -263,6 +273,15 @@ class Checkpointer:
       out = self._manager.restore(step, args=ocp.args.Composite(**args))
     meta = {k: v for k, v in out['meta'].items() if k != 'has_reference'}
     return state, out['data'], meta, out['reference'] if has_reference else None
+
+  def restore_reference_before_reset(self, step: int, like_params: Any,
+                                     shardings: Any = None) -> Any:
+    """Checkpoint `step`'s reference_before_reset item into the structure (and shardings) of
+    like_params; the caller knows from the checkpoint's meta that it holds one."""
+    target = ocp.args.StandardRestore(_abstract(like_params, shardings))
+    with self._quiet.restore():
+      out = self._manager.restore(step, args=ocp.args.Composite(**{BEFORE_RESET: target}))
+    return out[BEFORE_RESET]
 
   def _restore_state(self, step: int, like_state: Any, shardings: Any) -> Any:
     """The train state, restored field by field (for a dataclass like TrainState).

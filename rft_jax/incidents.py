@@ -199,6 +199,45 @@ def rewind(ckpt, before: int, state, shardings, like_reference, reference_shardi
   return max(good), state, reference, restored_meta
 
 
+def reset_undoable(remediator: Remediator) -> bool:
+  """Whether a reference reset is being watched, so that its undo may still come."""
+  return any(w.action == 'reset_reference' for w in remediator.watches)
+
+
+def undo_reference(meta: dict, remediator: Remediator, ref_before_reset):
+  """Records in a checkpoint's meta what an undo of the watched reference reset puts back, and
+  returns the params the checkpoint must save for it (its reference_before_reset item) or None.
+
+  ref_before_reset: (reference params, reset reference or None) from before the reset, as the
+  trainer holds it. meta['reference_before_reset']: 'initial' when that reference was the
+  initial policy (rebuilt at start-up: nothing saved), 'saved' when remediation had reset it
+  before (its params saved); absent when no reset is undoable (nothing saved either)."""
+  meta.pop('reference_before_reset', None)
+  if ref_before_reset is None or not reset_undoable(remediator):
+    return None
+  saved = ref_before_reset[1]
+  meta['reference_before_reset'] = 'initial' if saved is None else 'saved'
+  return saved
+
+
+def resumed_undo_reference(ckpt, step: int, meta: dict, remediator: Remediator, initial,
+                           shardings, hooks):
+  """What an undo of the watched reference reset puts back in a run resumed from checkpoint
+  `step` (meta: its meta, remediator: loaded from it) -> (reference params, reset reference or
+  None), as undo_reference recorded it; None when no reset is undoable. A checkpoint written
+  before rft_jax saved it (no meta key) gives the initial policy, said in one line."""
+  if not reset_undoable(remediator):
+    return None
+  kind = meta.get('reference_before_reset')
+  if kind == 'saved':
+    params = ckpt.restore_reference_before_reset(step, initial, shardings)
+    return params, params
+  if kind is None:
+    hooks.on_message(f'checkpoint {step} does not hold the reference from before the watched '
+                     'reference reset (older rft_jax): its undo goes back to the initial policy')
+  return initial, None
+
+
 def _weightier(a, b):
   """Of two decisions (None = none), the one the trainer must execute: halt > restore > other;
   the earlier one on a tie."""

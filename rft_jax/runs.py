@@ -285,16 +285,19 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
 
 
 def save_checkpoint(config, ckpt: Checkpointer, step: int, state, data_state: dict, meta: dict,
-                    hooks, reference=None, stopping: bool = False) -> bool:
-  """Saves a checkpoint; on failure (full disk, I/O error) keeps training if at least
-  config.train.min_good_checkpoints (default 1) verified checkpoints exist, else stops. The
+                    hooks, reference=None, stopping: bool = False,
+                    reference_before_reset=None) -> bool:
+  """Saves a checkpoint (reference, reference_before_reset: Checkpointer.save's); on failure
+  (full disk, I/O error) keeps training if at least config.train.min_good_checkpoints
+  (default 1) verified checkpoints exist, else stops. The
   final step's checkpoint (or the one a stop request writes) must be saved: without it the
   trained policy is not on disk, so its failure stops the run with an error.
 
   Returns whether the checkpoint was written. Raises TrainingError when the run must stop.
   """
   try:
-    ckpt.save(step, state, data_state, meta, reference=reference)
+    ckpt.save(step, state, data_state, meta, reference=reference,
+              reference_before_reset=reference_before_reset)
     return True
   except CheckpointSaveError as e:
     good, need = ckpt.all_steps(), config.train.get('min_good_checkpoints', 1)

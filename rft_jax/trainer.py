@@ -215,7 +215,9 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   streak = incidents.SkippedStreak(meta, runs.updates_per_step(config))
   max_skipped = config.monitor.get('max_skipped_steps', 5) if mcfg is not None else 1
 
-  ref_before_reset = None   # (ref_params, reset_ref) before the watched reset (its first one)
+  # (ref_params, reset_ref) before the watched reset (its first one), checkpointed for its undo
+  ref_before_reset = incidents.resumed_undo_reference(
+      ckpt, start, meta, remediator, initial_ref, c.param_shardings, hooks) if start else None
 
   def execute(decision) -> bool:
     """A remediation decision's restore and reference reset (or its undo) -> whether the run
@@ -236,8 +238,9 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
       if not decision.escalation:   # an escalation's undo goes back to before the first reset
         ref_before_reset = ref_params, reset_ref
       ref_params = reset_ref = jax.tree.map(jnp.copy, state.params)
-    if decision is not None and decision.undo_reference_reset:   # (after a resume: the initial)
+    if decision is not None and decision.undo_reference_reset:
       ref_params, reset_ref = ref_before_reset or (initial_ref, None)
+    if not incidents.reset_undoable(remediator):   # undone or kept: nothing more to put back
       ref_before_reset = None
     return rewound is not None
 
@@ -336,8 +339,9 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
         meta['wall_s'] = wall_before + time.time() - t_start
         meta['remediator'] = remediator.state_dict()
         streak.save(meta)
+        before = incidents.undo_reference(meta, remediator, ref_before_reset)   # or None
         runs.save_checkpoint(config, ckpt, step, state, data_it.get_state(), meta, hooks,
-                             reference=reset_ref, stopping=stopping)
+                             reference=reset_ref, stopping=stopping, reference_before_reset=before)
       if stopping and not last:
         runs.preempt(stop, step, hooks, ckpt, workdir)
   except TrainingError:   # halted, non-finite loss, reward failure: keep what explains it

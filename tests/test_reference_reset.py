@@ -1,24 +1,38 @@
 """The reference policy across remediation's resets, their escalation and undo, in live runs
 (scripted decisions; the monitor deciding them itself: test_monitor_live.py)."""
+import json
 import os
+import shutil
 
+import numpy as np
 import pytest
 
+from rft_jax import checkpoint, trainer
 from rft_jax import incidents as incidents_lib
-from rft_jax import trainer
-from rft_jax.monitor.remediation import Decision
+from rft_jax.monitor.remediation import Decision, Watch
 from rft_jax.telemetry.hooks import Hook
-from test_trainer import tiny_config
+from test_checkpoint import assert_trees_equal, make_params, make_state
+from test_trainer import tiny_config, train_rows
 
 
 def _scripted(monkeypatch, plan):
-  """incidents.handle_alarms reports as usual, and returns the decision planned for the step."""
+  """incidents.handle_alarms reports as usual, and returns the decision planned for the step.
+  The remediator watches a planned reset as it would its own (until its undo, or until the
+  next planned reset: the earlier one was kept), so the run keeps what an undo puts back."""
   real = incidents_lib.handle_alarms
 
   def scripted(alarms, step, remediator, *args, **kw):
     real(alarms, step, remediator, *args, **kw)
     todo = plan.pop(step, None)
-    return None if todo is None else Decision(todo.pop('action'), remediator.controls, **todo)
+    if todo is None:
+      return None
+    action = todo.pop('action')
+    if action in ('reset_reference', 'undo_reset_reference'):
+      remediator.watches = [w for w in remediator.watches if w.action != 'reset_reference']
+    if action == 'reset_reference':   # judged by the plan, never by the remediator (until)
+      remediator.watches.append(Watch('scripted', action, 1.0, remediator.controls,
+                                      until=10 ** 6, onset=step, health_before=None))
+    return Decision(action, remediator.controls, **todo)
 
   monkeypatch.setattr(incidents_lib, 'handle_alarms', scripted)
 
@@ -45,13 +59,17 @@ def test_undoing_an_escalated_reset_goes_back_to_the_reference_before_the_first(
 
 
 class StepMetrics(Hook):
-  """Every train record in the order logged (a rewind logs the replayed steps again)."""
+  """Every train record in the order logged (a rewind logs the replayed steps again), and the
+  messages."""
 
   def __init__(self):
-    self.rows = []
+    self.rows, self.messages = [], []
 
   def on_step(self, step, metrics):
     self.rows.append((step, dict(metrics)))
+
+  def on_message(self, text):
+    self.messages.append(text)
 
 
 def test_a_rewind_past_a_reference_reset_goes_back_to_the_initial_reference(tmp_path,
@@ -94,3 +112,95 @@ def test_an_undone_reference_reset_goes_back_to_the_reference_before_it(tmp_path
   has_ref = {s: os.path.isdir(tmp_path / 'checkpoints' / str(s) / 'reference')
              for s in (4, 6, 8, 10)}
   assert has_ref == {4: False, 6: True, 8: False, 10: False}
+
+
+def _holds(workdir, steps):
+  """{step: (has a reset reference, has the reference an undo puts back, meta's record of
+  the latter)} of a run's checkpoints."""
+  out = {}
+  for s in steps:
+    d = workdir / 'checkpoints' / str(s)
+    with open(d / 'meta' / 'metadata') as f:
+      kind = json.load(f).get('reference_before_reset')
+    out[s] = ((d / 'reference').is_dir(), (d / 'reference_before_reset').is_dir(), kind)
+  return out
+
+
+def test_a_run_resumed_between_a_second_reset_and_its_undo_puts_back_the_first(tmp_path,
+                                                                              monkeypatch):
+  """Resets at steps 3 and 5 (the first kept: the second's undo must put back the reference
+  of step 3), undone at step 7. Stopped after step 6 and resumed, the run scores the same KL
+  and reward as an uninterrupted one: checkpoint 6 holds the step-3 reference for the undo;
+  checkpoint 4 records that the reference before its reset was the initial policy (rebuilt,
+  not saved), and the checkpoints after the undo hold no such copy. (The resumed run had put
+  back the initial policy: the reference from before the reset was only in memory.) A
+  checkpoint 6 as an older rft_jax wrote it (neither) still resumes, and the undo then puts
+  back the initial policy, said in one line."""
+  plan = lambda: {3: dict(action='reset_reference', reset_reference=True),
+                  5: dict(action='reset_reference', reset_reference=True),
+                  7: dict(action='undo_reset_reference', undo_reference_reset=True)}
+  config = lambda steps: tiny_config(**{'train.steps': steps, 'train.eval_every': 10,
+                                        'train.ckpt_every': 2, 'train.keep_checkpoints': 10,
+                                        'monitor.mode': 'auto'})
+  full, split = tmp_path / 'full', tmp_path / 'split'
+  full_plan, split_plan = plan(), plan()
+  _scripted(monkeypatch, full_plan)
+  trainer.run(config(10), str(full))
+  monkeypatch.undo()
+  _scripted(monkeypatch, split_plan)
+  trainer.run(config(6), str(split))
+  assert list(split_plan) == [7]
+  old = tmp_path / 'old'
+  shutil.copytree(split, old)
+  trainer.run(config(10), str(split))
+  assert not full_plan and not split_plan
+  a, b = train_rows(str(full)), train_rows(str(split))
+  assert sorted(b) == list(range(1, 11))
+  for s in range(1, 11):
+    for k in ('kl', 'reward/mean', 'loss'):
+      np.testing.assert_allclose(b[s][k], a[s][k], rtol=1e-6, atol=1e-7, err_msg=f'{k} {s}')
+  expected = {2: (False, False, None), 4: (True, False, 'initial'), 6: (True, True, 'saved'),
+              8: (True, False, None), 10: (True, False, None)}
+  for run in (full, split):
+    assert _holds(run, expected) == expected, run
+  with open(split / 'checkpoints' / '6' / 'rft_manifest.json') as f:   # verified like the rest
+    assert any(p.startswith('reference_before_reset/') for p in json.load(f)['files'])
+
+  six = old / 'checkpoints' / '6'   # as an older rft_jax wrote it: no item, no meta key
+  shutil.rmtree(six / 'reference_before_reset')
+  with open(six / 'meta' / 'metadata') as f:
+    meta = json.load(f)
+  with open(six / 'meta' / 'metadata', 'w') as f:
+    json.dump({k: v for k, v in meta.items() if k != 'reference_before_reset'}, f)
+  with open(six / 'rft_manifest.json', 'w') as f:
+    json.dump({'step': 6, 'files': checkpoint.file_digests(str(six))}, f)
+  _scripted(monkeypatch, {7: dict(action='undo_reset_reference', undo_reference_reset=True)})
+  seen = StepMetrics()
+  trainer.run(config(8), str(old), hooks_extra=(seen,))
+  warned = [m for m in seen.messages if 'reference from before the watched reference' in m]
+  assert len(warned) == 1 and 'initial policy' in warned[0], seen.messages
+  assert _holds(old, [8]) == {8: (False, False, None)}   # the initial policy: nothing saved
+
+
+def test_the_reference_before_a_reset_round_trips_verified_and_sized(tmp_path):
+  """Checkpointer: the reference_before_reset item restores exactly, is in the manifest (a
+  damaged file in it quarantines the checkpoint), and the free space asked for the next
+  checkpoint counts the params items the latest one lacks."""
+  d = str(tmp_path / 'ckpts')
+  ckpt = checkpoint.Checkpointer(d, keep=3)
+  state, ref, before = make_state(0, steps=1), make_params(7), make_params(8)
+  ckpt.save(1, state, {}, {})
+  needed = ckpt._needed_bytes  # pylint: disable=protected-access
+  items = {'state': state, 'reference': ref, checkpoint.BEFORE_RESET: before}
+  assert needed(items) == needed({'state': state}) + 2 * checkpoint.tree_nbytes(ref)
+  ckpt.save(2, state, {}, {}, reference=ref, reference_before_reset=before)
+  assert_trees_equal(ckpt.restore_reference_before_reset(2, make_params(0)), before)
+  ckpt.close()
+  item = os.path.join(d, '2', checkpoint.BEFORE_RESET)
+  name = max((os.path.join(r, n) for r, _, ns in os.walk(item) for n in ns), key=os.path.getsize)
+  with open(name, 'r+b') as f:
+    f.write(b'\xff' * 8)
+  ckpt = checkpoint.Checkpointer(d, keep=3)
+  assert ckpt.all_steps() == [1]
+  assert 'checkpoint 2 is unusable' in ckpt.problems[0], ckpt.problems
+  ckpt.close()
