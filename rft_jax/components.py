@@ -158,9 +158,10 @@ def build(config, data: bool = True) -> Components:
 def memory_sizes(config) -> dict:
   """memory.estimate's keyword arguments for the recipe's batch, as its trainer sizes it: SFT one
   row per example, no sampling; DPO a chosen and a rejected row per pair, online DPO sampling its
-  prompts' groups; the RL recipes their rollout rows, PPO's critic and mini-batches. No key for
-  the reference policy: every recipe keeps the initial weights (a reference is those arrays),
-  and memory.estimate counts them once for all."""
+  prompts' groups; the RL recipes their rollout rows, PPO's critic and mini-batches, and the
+  copies of the reference 'auto' remediation's resets can hold (memory.run_reset_references).
+  No key for the initial reference policy: every recipe keeps the initial weights (a reference
+  is those arrays), and memory.estimate counts them once for all."""
   from rft_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   prompt_len = config.task.max_prompt_len
   if config_lib.is_sft(config):
@@ -179,7 +180,8 @@ def memory_sizes(config) -> dict:
   return dict(rows=rows, seq_len=prompt_len + config.rollout.max_new_tokens,
               microbatches=int(algo.get('microbatches', 1)), sample_rows=rows,
               critic=memory.run_critic(config), minibatches=int(algo.get('minibatches', 1)),
-              sampling_layout=config.rollout.get('weights_layout', 'train'))
+              sampling_layout=config.rollout.get('weights_layout', 'train'),
+              reset_references=memory.run_reset_references(config))
 
 
 def _memory_remedy(config) -> str:

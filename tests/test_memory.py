@@ -173,6 +173,28 @@ def test_the_initial_weights_are_counted_once_for_every_recipe(recipe, overrides
   assert 'initial 0.00' in est.describe()
 
 
+def test_auto_remediation_counts_the_reset_references():
+  """monitor.mode='auto' can reset the reference (a copy of the params) and, while that reset is
+  watched, hold the reset reference from before it for an undo: 2P more than 'warn' (P = 4 *
+  789888 bytes); tests/test_reference_reset.py counts the live buffers of such a run."""
+  from rft_jax import api  # pylint: disable=g-import-not-at-top
+  from rft_jax.algorithms import ppo  # pylint: disable=g-import-not-at-top
+  p, est = 4 * 789888, {}
+  for mode in ('warn', 'auto'):
+    config = api.load_config('grpo_arith:tiny', {'monitor.mode': mode})
+    model_cfg = components.model_config(config)
+    c = types.SimpleNamespace(model_cfg=model_cfg, mesh=(1, 1, 1))
+    algo = ppo.algo_config(config, use_reference=mode == 'auto')
+    est[mode] = components.check_memory(c, config, algo)
+    assert memory.estimate_run(config, model_cfg, (1, 1, 1),
+                               microbatches=algo.microbatches) == est[mode]
+  assert (est['warn'].reset_references, est['auto'].reset_references) == (0, 2 * p)
+  assert est['auto'].persistent == 6 * p == est['warn'].persistent + 2 * p
+  assert est['auto'].peak == est['warn'].peak + 2 * p
+  assert 'reset_references 0.01' in est['auto'].describe()
+  assert 'reset_references' not in est['warn'].describe()
+
+
 def test_the_initial_weights_stay_alive_beside_the_train_state():
   """What `initial` counts is on the device: runs.init_state copies components.build's params
   into the train state (nothing donates them) and the build's stay alive, so after building an

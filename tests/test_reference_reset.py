@@ -3,12 +3,17 @@
 import json
 import os
 import shutil
+import types
 
+import jax
 import numpy as np
 import pytest
+from flax import nnx
 
-from rft_jax import checkpoint, trainer
+from rft_jax import checkpoint, components, trainer
 from rft_jax import incidents as incidents_lib
+from rft_jax.algorithms import ppo
+from rft_jax.models import functional as lm
 from rft_jax.monitor.remediation import Decision, Watch
 from rft_jax.telemetry.hooks import Hook
 from test_checkpoint import assert_trees_equal, make_params, make_state
@@ -114,6 +119,24 @@ def test_an_undone_reference_reset_goes_back_to_the_reference_before_it(tmp_path
   assert has_ref == {4: False, 6: True, 8: False, 10: False}
 
 
+class ParamCopies(Hook):
+  """How many params' worth of distinct device buffers shaped like the model's params are
+  alive at the end of each step (aliases of one buffer, e.g. orbax's views of the arrays it
+  saved, count once)."""
+
+  def __init__(self, config):
+    _, abstract = lm.abstract_params(components.model_config(config))
+    leaves = jax.tree.leaves(nnx.to_pure_dict(abstract))
+    self.kinds = {(tuple(x.shape), x.dtype) for x in leaves}
+    self.nbytes = sum(x.size * x.dtype.itemsize for x in leaves)
+    self.copies = {}
+
+  def on_step(self, step, metrics):
+    live = {x.unsafe_buffer_pointer(): x.nbytes for x in jax.live_arrays()
+            if (x.shape, x.dtype) in self.kinds}
+    self.copies[step] = sum(live.values()) / self.nbytes
+
+
 def _holds(workdir, steps):
   """{step: (has a reset reference, has the reference an undo puts back, meta's record of
   the latter)} of a run's checkpoints."""
@@ -145,7 +168,8 @@ def test_a_run_resumed_between_a_second_reset_and_its_undo_puts_back_the_first(t
   full, split = tmp_path / 'full', tmp_path / 'split'
   full_plan, split_plan = plan(), plan()
   _scripted(monkeypatch, full_plan)
-  trainer.run(config(10), str(full))
+  copies = ParamCopies(config(10))
+  trainer.run(config(10), str(full), hooks_extra=(copies,))
   monkeypatch.undo()
   _scripted(monkeypatch, split_plan)
   trainer.run(config(6), str(split))
@@ -165,6 +189,13 @@ def test_a_run_resumed_between_a_second_reset_and_its_undo_puts_back_the_first(t
     assert _holds(run, expected) == expected, run
   with open(split / 'checkpoints' / '6' / 'rft_manifest.json') as f:   # verified like the rest
     assert any(p.startswith('reference_before_reset/') for p in json.load(f)['files'])
+  # The memory estimate's persistent part is what the run holds at most: params, AdamW's mu and
+  # nu, the initial policy, and from step 5 to the undo both reset references (6 params' worth).
+  est = components.check_memory(types.SimpleNamespace(
+      model_cfg=components.model_config(config(10)), mesh=(1, 1, 1)), config(10),
+      ppo.algo_config(config(10), use_reference=True))
+  assert est.persistent == 6 * est.params == 6 * copies.nbytes
+  assert copies.copies == {1: 4, 2: 4, 3: 4, 4: 5, 5: 5, 6: 6, 7: 6, 8: 5, 9: 5, 10: 5}
 
   six = old / 'checkpoints' / '6'   # as an older rft_jax wrote it: no item, no meta key
   shutil.rmtree(six / 'reference_before_reset')

@@ -11,10 +11,17 @@ With mesh (d, f, t), n = d * f (batch rows are split n ways), c = bytes of the c
                recipe keeps for the whole run next to the trained copy: the base eval (RL,
                DPO), the template a checkpoint's reference is restored against (runs.open_run),
                and, where the recipe has a reference policy (kl_coef > 0 / monitor 'auto';
-               DPO), the reference itself (the same arrays, not a copy: counted once). Not
-               counted: once 'auto' remediation resets the reference (or a restore or resume
-               reads a reset one from a checkpoint), it is a copy of its own, one params' worth
-               more
+               DPO), the reference itself (the same arrays, not a copy: counted once)
+  reset_references  2 * params with monitor.mode 'auto', else 0: what 'auto' remediation's
+               reset_reference can hold at most (rft_jax/trainer.py execute), each a copy of
+               its own: the reset reference (the policy it reset to, or one read back from a
+               checkpoint by a restore or resume) and, while that reset is watched, the
+               reference its undo puts back when that was itself a reset one (after an earlier
+               reset was kept; the initial policy is the `initial` arrays, no copy). Not
+               counted: while a remediation restore (or a resume) reads a checkpoint, the old
+               train state and reference are still held beside the restored ones (the restored
+               train state and one params' worth of reference more, between steps: no KV cache
+               or activations are alive then)
   grads        params, x 2 with micro-batches > 1 (the accumulator and one micro-batch's grads)
   kv_cache     2 * layers * (B / n) * S * (K / t) * D * c
                B = prompts_per_step * group_size rows, S = max_prompt_len + max_new_tokens;
@@ -61,7 +68,7 @@ With mesh (d, f, t), n = d * f (batch rows are split n ways), c = bytes of the c
                forward + backward activations on the same rows: activations without the LM-head
                term (the critic's logits are unused; XLA drops them)
 
-  peak = params + optimizer + initial + critic
+  peak = params + optimizer + initial + reset_references + critic
          + max(kv_cache + sampling_weights, grads + activations + critic_step)
   (sampling and the train step run one after the other; the KV cache and the sampling copy live
   only while sampling)
@@ -101,10 +108,11 @@ class MemoryEstimate:
   sampling_weights: int = 0
   critic: int = 0           # PPO's critic: params + AdamW state (persistent)
   critic_step: int = 0      # its grads, activations, old values and returns (train step only)
+  reset_references: int = 0   # 'auto' remediation's reset reference and the one an undo needs
 
   @property
   def persistent(self) -> int:
-    return self.params + self.optimizer + self.initial + self.critic
+    return self.params + self.optimizer + self.initial + self.reset_references + self.critic
 
   @property
   def peak(self) -> int:
@@ -113,10 +121,10 @@ class MemoryEstimate:
 
   def describe(self) -> str:
     """'<peak> GiB per device (<part> <GiB>, ...)'; the optional parts only when non-zero."""
-    optional = ('sampling_weights', 'critic', 'critic_step')
+    optional = ('sampling_weights', 'critic', 'critic_step', 'reset_references')
     parts = ', '.join(f'{k} {getattr(self, k) / GIB:.2f}' for k in
-                      ('params', 'optimizer', 'initial', 'critic', 'grads', 'kv_cache',
-                       'activations', 'critic_step', 'sampling_weights')
+                      ('params', 'optimizer', 'initial', 'reset_references', 'critic', 'grads',
+                       'kv_cache', 'activations', 'critic_step', 'sampling_weights')
                       if k not in optional or getattr(self, k))
     return f'{self.peak / GIB:.2f} GiB per device ({parts} GiB)'
 
@@ -212,14 +220,22 @@ def run_critic(config) -> str:
   return algo.get('critic', 'shared')
 
 
+def run_reset_references(config) -> int:
+  """Copies of the params 'auto' remediation's reference resets can hold at once (module
+  docstring): 2 with monitor.mode 'auto', else 0."""
+  m = config.get('monitor', None)
+  return 2 if m is not None and m.get('mode', 'off') == 'auto' else 0
+
+
 def estimate(model_cfg: ModelConfig, mesh, *, rows: int, seq_len: int, microbatches: int = 1,
              sampling_layout: str = 'train',
              sample_rows: int | None = None, critic: str = 'none',
-             minibatches: int = 1) -> MemoryEstimate:
+             minibatches: int = 1, reset_references: int = 0) -> MemoryEstimate:
   """Per-device MemoryEstimate for B = rows trained rows of seq_len tokens, sample_rows of them
   sampled with a KV cache (default: all rows; 0 for a recipe that does not sample, e.g. SFT);
   critic: PPO's critic layout ('none' | 'shared' | 'separate'); minibatches: PPO's updates per
-  epoch, each on B / minibatches rows (the activations')."""
+  epoch, each on B / minibatches rows (the activations'); reset_references: params copies held
+  for remediation's reference resets (run_reset_references)."""
   p = param_bytes(model_cfg, mesh)
   sampling = (param_bytes(model_cfg, {**_mesh_sizes(mesh), 'fsdp': 1})
               if sampling_layout == 'no_fsdp' else 0)
@@ -239,7 +255,8 @@ def estimate(model_cfg: ModelConfig, mesh, *, rows: int, seq_len: int, microbatc
       kv_cache=kv_cache_bytes(model_cfg, mesh, rows if sample_rows is None else sample_rows,
                               seq_len),
       activations=activation_bytes(model_cfg, mesh, rows, seq_len, minibatches * microbatches),
-      sampling_weights=sampling, critic=3 * c, critic_step=critic_step)
+      sampling_weights=sampling, critic=3 * c, critic_step=critic_step,
+      reset_references=reset_references * p)
 
 
 def estimate_run(config, model_cfg: ModelConfig, mesh, *, microbatches: int = 1,
@@ -247,14 +264,16 @@ def estimate_run(config, model_cfg: ModelConfig, mesh, *, microbatches: int = 1,
                  minibatches: int | None = None) -> MemoryEstimate:
   """estimate() with the recipe's sizes: rows = rollout.prompts_per_step * rollout.group_size,
   seq_len = task.max_prompt_len + rollout.max_new_tokens; critic: default run_critic(config);
-  minibatches: default algo.minibatches (PPO; else 1)."""
+  minibatches: default algo.minibatches (PPO; else 1); reset_references:
+  run_reset_references(config)."""
   rows = config.rollout.prompts_per_step * config.rollout.group_size
   seq_len = config.task.max_prompt_len + config.rollout.max_new_tokens
   return estimate(model_cfg, mesh, rows=rows, seq_len=seq_len, microbatches=microbatches,
                   sampling_layout=config.rollout.get('weights_layout', 'train'),
                   critic=run_critic(config) if critic is None else critic,
                   minibatches=(int(_algo(config).get('minibatches', 1)) if minibatches is None
-                               else minibatches))
+                               else minibatches),
+                  reset_references=run_reset_references(config))
 
 
 def device_memory_bytes(device=None) -> int | None:
