@@ -139,7 +139,7 @@ def test_a_tensorboard_sink_writes_a_new_event_file_once_a_write_can_succeed(tmp
   assert len(reports) == 2
   files = sorted(glob.glob(os.path.join(logdir, 'events.out.tfevents.*')))
   assert len(files) == 2 and failed in files
-  from test_telemetry import _read_scalars   # pylint: disable=g-import-not-at-top
+  from test_telemetry_tensorboard import _read_scalars   # pylint: disable=g-import-not-at-top
   kl = dict(_read_scalars(logdir)['kl'])
   assert all(kl[s] == 0.5 for s in range(steps + 1, steps + 5)), kl
 
@@ -302,7 +302,7 @@ def test_tensorboard_scalars_still_round_trip_after_the_guard(tmp_path):
     sink.on_step(step, {'kl': 0.5})
   sink.on_end({'steps': 39})
   sink.close()
-  from test_telemetry import _read_scalars   # pylint: disable=g-import-not-at-top
+  from test_telemetry_tensorboard import _read_scalars   # pylint: disable=g-import-not-at-top
   assert [s for s, _ in _read_scalars(logdir)['kl']] == list(range(1, 40))
   assert len(glob.glob(os.path.join(logdir, 'events.out.tfevents.*'))) == 1
 

@@ -15,7 +15,7 @@ from rft_jax.telemetry import hooks as hooks_lib
 from rft_jax.telemetry import plot as plot_lib
 from rft_jax.telemetry import records as records_lib
 from rft_jax.telemetry import sinks
-from test_telemetry import REPO, _read_tfrecords
+from test_telemetry_tensorboard import REPO, _read_tfrecords
 
 
 def _events(logdir):

@@ -1,0 +1,179 @@
+"""rft_jax.api without a run: recipes and overrides, and the README's examples run verbatim.
+A run, its policy and choose_mesh are tested in tests/test_api.py."""
+import ast
+import glob
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from rft_jax import api
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --- Recipes and overrides -------------------------------------------------------------------
+
+def test_recipe_names_resolve_to_the_same_config():
+  by_name = api.load_config('grpo_arith:tiny')
+  by_path = api.load_config('configs/grpo_arith.py:tiny')
+  assert by_name.to_dict() == by_path.to_dict()
+  assert by_name.train.steps == 4 and api.load_config('grpo_arith').train.steps == 150
+
+
+def test_shipped_recipes_find_their_assets_from_any_directory(monkeypatch, tmp_path):
+  """A notebook or script started outside the repository loads the arithmetic recipes (the
+  shipped tokenizer and base policy by absolute path); from the repository they stay relative."""
+  names = ('grpo_arith', 'sft_arith', 'ppo_arith', 'dpo_arith', 'online_dpo_arith')
+  monkeypatch.chdir(REPO)
+  here = {n: api.load_config(n) for n in names}
+  assert all(c.tokenizer.path == 'rft_jax/assets/arith_spm.model' for c in here.values())
+  assert here['grpo_arith'].init_from == 'rft_jax/assets/arith_base'
+  monkeypatch.chdir(tmp_path)
+  for name in names:
+    config = api.load_config(name)   # validates: the files exist
+    assert config.tokenizer.path == os.path.join(REPO, here[name].tokenizer.path), name
+    if here[name].init_from:
+      assert config.init_from == os.path.join(REPO, here[name].init_from), name
+
+
+def test_overrides_dotted_and_keyword():
+  config = api.load_config('grpo_arith:tiny', {'optim.lr': 1}, train__steps=7)
+  assert config.train.steps == 7
+  assert config.optim.lr == 1.0 and isinstance(config.optim.lr, float)   # int for a float: ok
+
+
+def test_bad_value_is_the_clis_one_line_error():
+  with pytest.raises(api.ConfigError) as e:
+    api.load_config('configs/grpo_arith.py', {'rollout.group_size': 1})
+  cli = subprocess.run(
+      [sys.executable, '-m', 'rft_jax.main', '--config', 'configs/grpo_arith.py',
+       '--config.rollout.group_size=1', '--validate_only'],
+      cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+  assert cli.returncode == 2
+  assert cli.stderr.strip() == f'error: {e.value}'
+  assert str(e.value) == 'config.rollout.group_size=1: GRPO needs at least 2 completions per prompt'
+
+
+@pytest.mark.parametrize('overrides,message', [
+    ({'rollout.tempreature': 0.5},
+     "config.rollout.tempreature: unknown key (did you mean 'temperature'?)"),
+    ({'nosuch.key': 1}, 'config.nosuch.key: unknown key'),
+    ({'rollout.group_size': 'four'}, "config.rollout.group_size='four': expected int, got str"),
+    ({'rollout': 3}, 'config.rollout=3: is a section; got int'),
+    ({'rollout.group_size.x': 3},
+     "config.rollout.group_size=4: is a value, not a section (in override 'rollout.group_size.x')"),
+])
+def test_bad_overrides_name_the_key(overrides, message):
+  with pytest.raises(api.ConfigError) as e:
+    api.load_config('grpo_arith:tiny', overrides)
+  assert str(e.value) == message
+
+
+def test_recipe_errors_are_one_line(tmp_path):
+  with pytest.raises(api.RecipeError, match=r"^config file not found: 'configs/nope\.py' "
+                     r"\(from 'nope'; relative to "):
+    api.load_config('nope')
+  # A misspelt shipped recipe: the closest one and the list (was only 'not found ... relative
+  # to <cwd>', though a bare name is looked up in the checkout too).
+  with pytest.raises(api.RecipeError, match=r"\(did you mean 'grpo_arith'\?\); shipped recipes: "
+                     r"cispo_arith, .*, grpo_arith, .*sft_arith$"):
+    api.load_config('grpo_arth:tiny')
+  broken = tmp_path / 'broken.py'
+  broken.write_text('def get_config(arg=None):\n  return {"not": "a ConfigDict"}\n')
+  with pytest.raises(api.RecipeError, match='get_config\\(\\) returned dict, not a ConfigDict'):
+    api.load_config(str(broken))
+
+
+def test_an_unknown_recipe_variant_is_a_one_line_error_and_every_listed_one_loads():
+  """'grpo_arith:tinyy' used to run the full recipe; every shipped recipe lists its VARIANTS."""
+  with pytest.raises(api.RecipeError, match=r"^config file '.*grpo_arith\.py': unknown variant "
+                     r"'tinyy' \(from 'grpo_arith:tinyy'\); its variants: 'tiny' \(or no "
+                     r"variant\)$"):
+    api.load_config('grpo_arith:tinyy')
+  recipes = [p for p in sorted(glob.glob(os.path.join(REPO, 'configs', '*.py')))
+             if os.path.basename(p) not in ('__init__.py', 'common.py')]
+  assert len(recipes) >= 12, recipes
+  for path in recipes:
+    name = os.path.basename(path)[:-3]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert '' in module.VARIANTS, name
+    for variant in module.VARIANTS:
+      assert isinstance(api.load_recipe(path + (':' + variant if variant else '')),
+                        ml_collections.ConfigDict), (name, variant)
+    # Called directly (a notebook's `grpo_arith.get_config('tinyy')`), the recipe itself refuses.
+    with pytest.raises(ValueError, match=r"^unknown variant 'tinyy'; this recipe's variants: "):
+      module.get_config('tinyy')
+
+
+def test_importing_the_api_does_not_import_jax():
+  code = ('import sys\nfrom rft_jax import api\nimported = "jax" in sys.modules\ntry:\n'
+          '  api.load_config("grpo_arith:tiny", {"rollout.group_size": 1})\n'
+          'except api.ConfigError:\n  print(imported, "jax" in sys.modules)')
+  result = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=False)
+  assert result.stdout.split() == ['False', 'False'], result.stderr
+
+
+# --- The README ------------------------------------------------------------------------------
+
+def readme_example(index: int = 0) -> str:
+  """The index-th python block of the README's Python API section."""
+  with open(os.path.join(REPO, 'README.md'), encoding='utf-8') as f:
+    readme = f.read()
+  section = readme.split('\n## Python API\n', 1)[1].split('\n## ', 1)[0]
+  return re.findall(r'```python\n(.*?)```', section, re.S)[index]
+
+
+def test_readme_example_runs_verbatim(tmp_path):
+  code = readme_example()
+  assert 10 >= len(code.strip().splitlines()) >= 8
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'TMPDIR': str(tmp_path)}
+  result = subprocess.run([sys.executable, '-c', code], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  last = result.stdout.strip().splitlines()[-2:]
+  samples, evaluated = ast.literal_eval(last[0]), ast.literal_eval(last[1])
+  assert len(samples) == 2 and all(len(group) == 4 for group in samples)
+  assert set(evaluated) == {'eval/greedy_acc', 'eval/mean@2_acc'}
+  assert os.listdir(tmp_path), 'the run did not go to a temporary workdir'
+
+
+def test_readme_verifier_example_registers_and_validates(tmp_path):
+  """The README's own-verifier block, run as a notebook runs it (no __main__ file): the config
+  validates with the new name, and the verifier scores in a reward worker."""
+  code = ('from rft_jax import api\n' + readme_example(1) +
+          "print(sorted(config.rewards.weights.items()))\n"
+          'from rft_jax.rewards.runner import RewardRunner\n'
+          "with RewardRunner(dict(config.rewards.weights), num_workers=1) as r:\n"
+          "  print(r(['7', '1234'], ['7', '7']).total.tolist())\n")
+  result = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  weights, totals = result.stdout.strip().splitlines()[-2:]
+  assert weights == "[('correct', 1.0), ('short', 0.1)]"
+  assert ast.literal_eval(totals) == pytest.approx([1.1, 0.0])
+
+
+def test_progress_is_live_in_a_terminal_and_in_jupyter_with_ipywidgets(monkeypatch):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import io  # pylint: disable=g-import-not-at-top
+  from rich.console import Console  # pylint: disable=g-import-not-at-top
+  from rft_jax.telemetry import console as console_lib  # pylint: disable=g-import-not-at-top
+  assert console_lib.live_display(Console(force_terminal=True))
+  assert not console_lib.live_display(Console(file=io.StringIO(), force_terminal=False))
+  real = importlib.util.find_spec
+  for has_widgets in (True, False):
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a, w=has_widgets: (
+        (object() if w else None) if name == 'ipywidgets' else real(name, *a)))
+    jupyter = Console(force_jupyter=True)
+    # Without ipywidgets rich's live display shows nothing in Jupyter: plain lines instead.
+    assert console_lib.live_display(jupyter) == has_widgets
+    sink = console_lib.ConsoleSink(console=jupyter)
+    assert sink._live == has_widgets  # pylint: disable=protected-access
