@@ -148,14 +148,16 @@ def next_batch(data_it, step: int):
                         "(config.task.bad_records='skip' skips such records)") from None
 
 
-def preempt(stop: StopRequest, step: int, hooks, ckpt: Checkpointer, workdir: str):
-  """After the stop's checkpoint was saved: say how to resume, close, raise Preempted."""
-  hooks.on_message(f'{stop.signal_name}: stopped after step {step} with a checkpoint; '
-                   'run the same command again to resume')
+def preempt(stop: StopRequest, step: int, hooks, ckpt: Checkpointer):
+  """After the stop's checkpoint was saved: close, raise Preempted. Its message is the stop's
+  one line (the command line prints it, a notebook shows the exception): which step, where its
+  checkpoint is, how to resume. It is not also a message to the hooks, which the console would
+  print as a second line saying the same."""
   hooks.close()
   ckpt.close()
-  raise Preempted(f'{stop.signal_name} at step {step}: checkpoint saved in {workdir}; run the '
-                  'same command again to resume')
+  raise Preempted(f'{stop.signal_name} after step {step}; its checkpoint is '
+                  f'{os.path.join(ckpt.directory, str(step))}; run the same command again to '
+                  'resume')
 
 
 def init_state(params, tx, state_shardings, controls=None, monitor=None) -> ts.TrainState:

@@ -33,8 +33,9 @@ def children(pid: int) -> list[int]:
     return [int(c) for c in f.read().split()]
 
 
-def sigterm_after_three_steps(cmd, workdir, env, children_first: bool = False) -> str:
-  """Starts cmd, sends SIGTERM once it has logged 3 steps, checks exit status 75; -> stderr.
+def sigterm_after_three_steps(cmd, workdir, env, children_first: bool = False):
+  """Starts cmd, sends SIGTERM once it has logged 3 steps, checks exit status 75; -> (stdout,
+  stderr).
   children_first: SIGTERM its child processes (the reward workers) 2 s before it, as when
   `timeout`, SLURM's scancel or systemd signal the whole process group and the workers act
   first."""
@@ -53,16 +54,16 @@ def sigterm_after_three_steps(cmd, workdir, env, children_first: bool = False) -
       os.kill(pid, signal.SIGTERM)
     time.sleep(2.0)   # steps go on meanwhile: they need the workers
   proc.send_signal(signal.SIGTERM)
-  _, err = proc.communicate(timeout=120)
+  out, err = proc.communicate(timeout=120)
   assert proc.returncode == 75, err
-  return err
+  return out, err
 
 
 def test_sigterm_checkpoints_exits_75_and_resumes_exactly(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
   stopped, full = str(tmp_path / 'stopped'), str(tmp_path / 'full')
-  err = sigterm_after_three_steps(command(stopped), stopped, env)
-  assert err.strip().splitlines()[-1].startswith('stopped: SIGTERM at step')
+  _, err = sigterm_after_three_steps(command(stopped), stopped, env)
+  assert err.strip().splitlines()[-1].startswith('stopped: SIGTERM after step')
   k = max(train_rows(stopped))
   assert 3 <= k < STEPS
   assert sorted(int(d) for d in os.listdir(os.path.join(stopped, 'checkpoints'))
@@ -103,8 +104,8 @@ def test_sigterm_to_the_process_group_spares_the_reward_workers(tmp_path):
           f'--config.train.steps={STEPS}': f'--config.train.steps={GROUP_STEPS}',
           'configs/grpo_arith.py:tiny': str(recipe)}
   cmd = [swap.get(a, a) for a in command(workdir)]
-  err = sigterm_after_three_steps(cmd, workdir, env, children_first=True)
-  assert err.strip().splitlines()[-1].startswith('stopped: SIGTERM at step'), err
+  _, err = sigterm_after_three_steps(cmd, workdir, env, children_first=True)
+  assert err.strip().splitlines()[-1].startswith('stopped: SIGTERM after step'), err
   assert 'reward' not in err, err
 
 
@@ -138,16 +139,22 @@ def test_sigterm_to_one_process_stops_all_after_the_same_step(tmp_path):
 
 
 def test_sigterm_stops_an_sft_run_with_a_checkpoint(tmp_path):
+  """With the console on, the stop is one line (the console had printed a second one saying the
+  same): the step, its checkpoint, how to resume."""
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
   workdir = str(tmp_path / 'sft')
   cmd = [sys.executable, '-m', 'rft_jax.main', '--config', 'configs/sft_arith.py:tiny',
          '--config.train.steps=100000', '--config.train.eval_every=100000',
-         '--config.train.ckpt_every=100000', '--config.telemetry.console=False',
+         '--config.train.ckpt_every=100000', '--config.telemetry.console=True',
          '--config.telemetry.tensorboard=False', '--workdir', workdir]
-  sigterm_after_three_steps(cmd, workdir, env)
+  out, err = sigterm_after_three_steps(cmd, workdir, env)
   k = max(train_rows(workdir))
   assert sorted(int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints'))
                 if d.isdigit()) == [k]
+  stops = [line for line in (out + err).splitlines() if 'stopped' in line]
+  assert stops == [f'stopped: SIGTERM after step {k}; its checkpoint is '
+                   f'{os.path.join(workdir, "checkpoints", str(k))}; run the same command again '
+                   'to resume'], out + err
 
 
 def test_sigterm_during_setup_exits_75_at_once(tmp_path):
