@@ -340,19 +340,6 @@ def test_replay_of_a_restored_run_keeps_the_faulty_steps_and_restores_the_monito
   assert half and steps[:half] == steps[half:], steps
 
 
-def test_last_per_step_is_the_final_trajectory():
-  """Records of one step merge (TRL logs train and eval apart); a record logging a metric again
-  for its step or an earlier one (here a step below the one before it) starts a redo that
-  replaces what was logged from that step on. A redo halted at step 5 leaves
-  no abandoned step 6 behind (the replay's plot used to keep it, with its abandoned values)."""
-  log = [{'step': 1, 'kl': 0.1}, {'step': 2, 'kl': 0.2}, {'step': 2, 'reward/mean': 0.5},
-         {'step': 3, 'kl': 0.3}, {'step': 4, 'kl': 0.4}, {'step': 5, 'kl': 0.5},
-         {'step': 6, 'kl': 9.0, 'reward/mean': 0.0},
-         {'step': 3, 'kl': 0.03}, {'step': 4, 'kl': 0.04}, {'step': 5, 'kl': 0.05}]
-  assert formats.last_per_step(log) == [
-      {'step': 1, 'kl': 0.1}, {'step': 2, 'kl': 0.2, 'reward/mean': 0.5},
-      {'step': 3, 'kl': 0.03}, {'step': 4, 'kl': 0.04}, {'step': 5, 'kl': 0.05}]
-
 def test_cli_reads_the_runs_warmup_a_directory_and_refuses_empty_logs(tmp_path, traces,
                                                                       capsys):
   healthy, _ = traces
@@ -390,11 +377,3 @@ def test_cli_says_which_watched_signals_a_log_lacks(tmp_path, capsys):
   assert lines[0].startswith('0 incident(s) over 20 logged steps') and lines[1] == (
       'the log lacks 13 of the 16 signals the monitor watches, so the signatures on them could '
       'not fire: ' + ', '.join(s for s in signals.SIGNALS if s not in ('loss', 'grad_norm', 'lr')))
-
-
-def test_a_trl_log_exported_from_wandb_is_trl():
-  """W&B prefixes TRL's keys with 'train/' (and 'train/global_step' looked like OpenRLHF's)."""
-  raw = [{'train/global_step': 3, 'train/reward': 0.5, 'train/reward_std': 0.1,
-          'train/entropy': 1.2, 'train/learning_rate': 1e-6}]
-  assert formats.detect_format(raw) == 'trl'
-  assert formats.map_record(raw[0], 'trl')['entropy'] == 1.2

@@ -16,6 +16,10 @@ config.json sits beside the log (`--warmup` overrides). An rft_jax log is replay
 steps logged again after a remediation restore restart from the monitor state of the step
 before, as in the live run.
 
+--format reads the log as that format even when its keys show another (detection goes by
+marker keys, and a log may carry another format's keys: rft_jax logs verl's `actor/*` names too),
+with a one-line warning on stderr naming the format detected.
+
 Exit status: 0 after a replay (whether or not it found incidents); 2 with a one-line error when
 the file is missing, holds no records of its format, or its format is unknown; 1 when the
 output cannot be written.
@@ -29,6 +33,7 @@ import json
 import math
 import os
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -180,10 +185,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f'error: --warmup={args.warmup}: must be at least 1', file=sys.stderr)
     return 2
   try:
-    records = formats.load_run(args.run, args.format)
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter('always', formats.FormatMismatch)
+      records = formats.load_run(args.run, args.format)
   except (FileNotFoundError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
+  for warning in caught:
+    if issubclass(warning.category, formats.FormatMismatch):
+      print(f'warning: {warning.message}, as --format asks (leave --format out to read it as '
+            f'{warning.message.detected})', file=sys.stderr)
+    else:
+      warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
   run_dir = args.run if os.path.isdir(args.run) else os.path.dirname(os.path.abspath(args.run))
   warmup = args.warmup or run_warmup(run_dir)
   cfg = detectors.MonitorConfig(**({'warmup': warmup} if warmup else {}))

@@ -43,6 +43,7 @@ import math
 import numbers
 import os
 import re
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -196,18 +197,32 @@ def _trl_reward_functions(record: Mapping[str, Any]) -> dict[str, float]:
   return out
 
 
+class FormatMismatch(UserWarning):
+  """load_run read a log as the format it was given, which is not the one its keys show."""
+
+  def __init__(self, message: str, detected: str):
+    super().__init__(message)
+    self.detected = detected
+
+
 def detect_format(records: Iterable[Mapping[str, Any]]) -> str | None:
   """The format whose marker keys appear in `records` (dicts already unwrapped), else None."""
+  return _detect(records)[0]
+
+
+def _detect(records: Iterable[Mapping[str, Any]]) -> tuple[str | None, str]:
+  """(detect_format's answer, what showed it: "records of kind 'train'" or the marker key)."""
   keys: set[str] = set()
   for record in records:
     if record.get('kind') == 'train':
-      return 'rft_jax'
+      return 'rft_jax', "records of kind 'train'"
     keys.update(record)
   keys |= {k[len(WANDB_PREFIX):] for k in keys if k.startswith(WANDB_PREFIX)}
   for fmt, pattern in _MARKERS:
-    if any(pattern.search(key) for key in keys):
-      return fmt
-  return None
+    found = sorted(key for key in keys if pattern.search(key))
+    if found:
+      return fmt, f'key {found[0]!r}'
+  return None, ''
 
 
 def _read_json_lines(path: str) -> list[dict[str, Any]]:
@@ -306,7 +321,9 @@ def load_run(path: str | os.PathLike, fmt: str = 'auto') -> list[dict[str, Any]]
     path: an rft_jax metrics.jsonl, a verl/TRL/OpenRLHF JSONL of per-step log dicts, or TRL's
       trainer_state.json; or a run directory holding one (TRL's output_dir: the latest
       checkpoint-N/trainer_state.json).
-    fmt: one of FORMATS, or 'auto' to detect it from the keys.
+    fmt: one of FORMATS, or 'auto' to detect it from the keys. A format other than the one
+      detected is obeyed (detection goes by marker keys, and a log may carry another format's
+      keys), with a FormatMismatch warning naming both.
   Returns:
     Foreign logs: one dict per logged step, sorted by step, each {'step': int, <rft_jax name>:
     float, ...}. Records without a step or without any mapped metric (TRL's end-of-training
@@ -327,21 +344,33 @@ def load_run(path: str | os.PathLike, fmt: str = 'auto') -> list[dict[str, Any]]
     raise FileNotFoundError(f'{path}: no such file')
   raw, from_trainer_state = _read_raw(path)
   raw = [_unwrap(r) for r in raw]
+  detected, evidence = ('trl', "TRL's trainer_state.json") if from_trainer_state else _detect(raw)
   if fmt == 'auto':
-    fmt = 'trl' if from_trainer_state else detect_format(raw)
+    fmt = detected
     if fmt is None:
       raise ValueError(f'{path}: cannot detect the log format from its keys; pass --format '
                        f'({", ".join(FORMATS)})')
   if not raw:
     raise ValueError(f'{path}: no log records in it (an empty file?)')
+  records = _records(raw, path, fmt)
+  if not records:
+    raise ValueError(f'{path}: no record with a step and a {fmt} metric (is it a {fmt} log?)')
+  if detected not in (None, fmt):
+    warnings.warn(FormatMismatch(f'{path}: its format looks like {detected} ({evidence}), not '
+                                 f'{fmt}; read as {fmt}', detected), stacklevel=2)
+  return records
+
+
+def _records(raw: list[dict[str, Any]], path: str, fmt: str) -> list[dict[str, Any]]:
+  """load_run's records of the unwrapped log dicts `raw` read as `fmt`."""
   if fmt == 'rft_jax':
     if any(r.get('kind') == 'train' for r in raw):
-      return _nonempty(_load_rft_jax(path), path, fmt)
+      return _load_rft_jax(path)
     # rft_jax names without JsonlSink's 'kind' field (e.g. a hand-made JSONL).
-    return _nonempty(_merge_by_step(
+    return _merge_by_step(
         {'step': step, **{k: _number(v) for k, v in r.items()
                           if k != 'step' and _number(v) is not None}}
-        for r in raw if (step := _step_of(r, ('step',))) is not None), path, fmt)
+        for r in raw if (step := _step_of(r, ('step',))) is not None)
   records = []
   for record in raw:
     if fmt in ('openrlhf', 'trl'):
@@ -350,10 +379,4 @@ def load_run(path: str | os.PathLike, fmt: str = 'auto') -> list[dict[str, Any]]
     metrics = map_record(record, fmt)
     if step is not None and metrics:
       records.append({'step': step, **metrics})
-  return _nonempty(_merge_by_step(records), path, fmt)
-
-
-def _nonempty(records: list[dict[str, Any]], path: str, fmt: str) -> list[dict[str, Any]]:
-  if not records:
-    raise ValueError(f'{path}: no record with a step and a {fmt} metric (is it a {fmt} log?)')
-  return records
+  return _merge_by_step(records)
