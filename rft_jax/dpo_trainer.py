@@ -237,7 +237,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
         runs.save_checkpoint(config, ckpt, step, state, data_it.get_state(), meta, hooks,
                              stopping=stopping)
       if stopping and not last:
-        runs.preempt(stop, step, hooks, ckpt)
+        runs.preempt(config, workdir, stop, step, hooks, ckpt)
   except runs.TrainingError:   # non-finite loss, gradient or parameters: the plot, sinks closed
     runs.close_stopped_run(config, workdir, hooks, ckpt)
     raise

@@ -148,13 +148,14 @@ def next_batch(data_it, step: int):
                         "(config.task.bad_records='skip' skips such records)") from None
 
 
-def preempt(stop: StopRequest, step: int, hooks, ckpt: Checkpointer):
-  """After the stop's checkpoint was saved: close, raise Preempted. Its message is the stop's
-  one line (the command line prints it, a notebook shows the exception): which step, where its
-  checkpoint is, how to resume. It is not also a message to the hooks, which the console would
-  print as a second line saying the same."""
-  hooks.close()
-  ckpt.close()
+def preempt(config, workdir: str, stop: StopRequest, step: int, hooks, ckpt: Checkpointer):
+  """After the stop's checkpoint was saved (and verified): run.png of the steps run, as at the
+  end of a run (~1-2 s, most of it importing matplotlib; the checkpoint is already safe should a
+  grace period run out meanwhile), sinks and checkpointer closed (close_stopped_run); then
+  raise Preempted. Its message is the stop's one line (the command line prints it, a notebook
+  shows the exception): which step, where its checkpoint is, how to resume. It is not also a
+  message to the hooks, which the console would print as a second line saying the same."""
+  close_stopped_run(config, workdir, hooks, ckpt)
   raise Preempted(f'{stop.signal_name} after step {step}; its checkpoint is '
                   f'{os.path.join(ckpt.directory, str(step))}; run the same command again to '
                   'resume')
@@ -381,9 +382,9 @@ def finish_run(config, workdir, summary, hooks, ckpt, plot=True) -> dict:
 
 def close_stopped_run(config, workdir, hooks, ckpt) -> None:
   """For a run stopped by an error (TrainingError: halted by the monitor, non-finite loss,
-  reward failure): the plot of the steps it ran, sinks flushed and closed, pending checkpoint
-  writes finished. No summary.json: the run did not finish. Problems here are reported as a
-  message, never raised over the error that stopped the run."""
+  reward failure) or on request (preempt): the plot of the steps it ran, sinks flushed and
+  closed, pending checkpoint writes finished. No summary.json: the run did not finish. Problems
+  here are reported as a message, never raised over the error that stopped the run."""
   try:
     draw_plot(config, workdir, hooks)
   except Exception as e:  # pylint: disable=broad-except

@@ -343,7 +343,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
         runs.save_checkpoint(config, ckpt, step, state, data_it.get_state(), meta, hooks,
                              reference=reset_ref, stopping=stopping, reference_before_reset=before)
       if stopping and not last:
-        runs.preempt(stop, step, hooks, ckpt)
+        runs.preempt(config, workdir, stop, step, hooks, ckpt)
   except TrainingError:   # halted, non-finite loss, reward failure: keep what explains it
     if mcfg is not None or live_fit.enabled:
       try:   # never in place of the error that stopped the run (e.g. on a full disk)

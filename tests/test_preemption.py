@@ -68,6 +68,7 @@ def test_sigterm_checkpoints_exits_75_and_resumes_exactly(tmp_path):
   assert 3 <= k < STEPS
   assert sorted(int(d) for d in os.listdir(os.path.join(stopped, 'checkpoints'))
                 if d.isdigit()) == [k]
+  assert os.path.isfile(os.path.join(stopped, 'run.png'))   # drawn at a stop too
 
   resumed = subprocess.run(command(stopped), cwd=REPO, env=env, capture_output=True, text=True,
                            timeout=300)
@@ -151,6 +152,7 @@ def test_sigterm_stops_an_sft_run_with_a_checkpoint(tmp_path):
   k = max(train_rows(workdir))
   assert sorted(int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints'))
                 if d.isdigit()) == [k]
+  assert os.path.isfile(os.path.join(workdir, 'run.png'))   # drawn at a stop as at the end
   stops = [line for line in (out + err).splitlines() if 'stopped' in line]
   assert stops == [f'stopped: SIGTERM after step {k}; its checkpoint is '
                    f'{os.path.join(workdir, "checkpoints", str(k))}; run the same command again '
