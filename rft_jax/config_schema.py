@@ -134,7 +134,7 @@ DPO_OFFLINE_KEYS = ('pairs', 'batch_size', 'answer_len', 'max_pairs')
 DTYPES = ('float32', 'bfloat16')
 KL_ESTIMATORS = ('k1', 'k2', 'k3')   # as in rft_jax.algorithms.losses.kl_penalty
 # Advantage estimators that work with fewer than 2 completions per prompt (no group baseline);
-# must match the registry's min_group_size (checked by tests/test_algorithm_suite.py). Kept here
+# must match the registry's min_group_size (checked by tests/test_advantages.py). Kept here
 # so that this check runs without importing JAX.
 GROUP_FREE_ADVANTAGES = ('reinforce_pp',)
 DUAL_CLIP_LOSSES = ('ppo_clip', 'gspo')   # losses that implement algo.clip_c

@@ -1,0 +1,73 @@
+"""Tests for the configuration of the GRPO-family algorithm choices: the recipes (each changes
+only the algo section and validates), the GRPO recipe's defaults, and config.validate's one-line
+errors for the algo section. `assets` is the conftest fixture."""
+import pytest
+
+from configs import (cispo_arith, dapo_arith, dr_grpo_arith, grpo_arith, gspo_arith,
+                     reinforce_pp_arith, rloo_arith)
+from rft_jax import config as config_lib
+from rft_jax.algorithms import grpo, registry
+
+RECIPES = [dapo_arith, dr_grpo_arith, gspo_arith, cispo_arith, rloo_arith, reinforce_pp_arith]
+
+
+def _with_assets(config, assets):
+  config.tokenizer.path, config.init_from = assets
+  return config
+
+
+@pytest.mark.parametrize('module', RECIPES, ids=lambda m: m.__name__.split('.')[-1])
+def test_recipes_validate_and_change_only_the_algo_section(module, assets):
+  for arg in ['', 'tiny']:
+    config = _with_assets(module.get_config(arg), assets)
+    config_lib.validate(config)
+    base = _with_assets(grpo_arith.get_config(arg), assets)
+    for section in config.keys():
+      if section not in ('algo', 'name'):
+        assert config[section] == base[section], section
+    algo = grpo.GRPOConfig.from_config(config)
+    assert algo.loss in registry.names()['loss']
+
+
+def test_grpo_recipe_keeps_its_defaults():
+  algo = grpo.GRPOConfig.from_config(grpo_arith.get_config())
+  assert (algo.clip_eps_low, algo.clip_eps_high, algo.clip_c, algo.entropy_coef,
+          algo.kl_in_reward) == (None, None, 0.0, 0.0, False)
+  assert algo.loss_options() == dict(clip_eps=0.2, clip_eps_low=None, clip_eps_high=None,
+                                     clip_c=0.0)
+  assert algo.max_len == grpo_arith.get_config().rollout.max_new_tokens
+
+
+@pytest.mark.parametrize('changes,message', [
+    ({'rollout.group_size': 1, 'algo.advantage': 'rloo'},
+     "config.rollout.group_size=1: GRPO needs at least 2 completions per prompt "
+     "(algo.advantage='rloo' uses a group baseline; with 1 use 'reinforce_pp')"),
+    ({'algo.clip_c': 1.0}, 'config.algo.clip_c=1.0: dual-clip constant must be > 1'),
+    ({'algo.clip_c': 3.0, 'algo.loss': 'cispo'},
+     "config.algo.clip_c=3.0: dual-clip applies to the ppo_clip and gspo losses, not "
+     "algo.loss='cispo'; set it to 0"),
+    ({'algo.clip_eps_high': -0.1}, 'config.algo.clip_eps_high=-0.1: must be >= 0'),
+    ({'algo.clip_eps_low': -1}, 'config.algo.clip_eps_low=-1: must be >= 0'),
+    ({'algo.entropy_coef': -0.01}, 'config.algo.entropy_coef=-0.01: must be >= 0'),
+    ({'algo.kl_in_reward': 1}, 'config.algo.kl_in_reward=1: expected bool, got int'),
+    ({'algo.loss_agg': 'seq_mean'}, "config.algo.loss_agg='seq_mean': unknown loss aggregation"),
+], ids=['rloo_group_1', 'dual_clip_1', 'dual_clip_cispo', 'eps_high', 'eps_low', 'entropy',
+        'kl_in_reward_type', 'unknown_agg'])
+def test_algo_validation_errors(changes, message, assets):
+  config = _with_assets(grpo_arith.get_config(), assets)
+  for key, value in changes.items():
+    section, leaf = key.split('.')
+    if leaf in config[section]:
+      del config[section][leaf]
+    config[section][leaf] = value
+  with pytest.raises(config_lib.ConfigError) as info:
+    config_lib.validate(config)
+  assert str(info.value).startswith(message) and '\n' not in str(info.value)
+  if 'unknown' in message:
+    assert all(n in str(info.value) for n in registry.names()['loss_agg'])
+
+
+def test_group_free_estimator_accepts_group_size_one(assets):
+  config = _with_assets(reinforce_pp_arith.get_config('tiny'), assets)
+  config.rollout.group_size = 1
+  config_lib.validate(config)
