@@ -1,10 +1,9 @@
 """PPO with a critic: the value loss, explained variance and whitening against hand-worked values
 or NumPy references written here; prepare_batch's token rewards and GAE against a plain-Python
 loop; the one-pass backbone against the model's forward; micro-batch invariance of the summed
-policy + value objective; the update lowering the value loss; mini-batch epochs; config checks;
-and a tiny end-to-end run that resumes exactly, critic included."""
+policy + value objective; the update lowering the value loss; mini-batch epochs. The recipe's
+config checks and a tiny end-to-end run are in test_ppo_recipe.py."""
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -12,8 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import grpo_arith, ppo_arith
-from rft_jax import config as config_lib
+from configs import grpo_arith
 from rft_jax.algorithms import critic, grpo, ppo
 from rft_jax.algorithms import train_state as ts
 from rft_jax.models import ModelConfig, create
@@ -352,152 +350,3 @@ def test_minibatch_epoch_equals_sequential_updates_on_the_shuffled_slices(tiny):
   for a, b in zip(jax.tree.leaves((new.params, new.critic)),
                   jax.tree.leaves((s.params, s.critic))):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-
-
-# ----------------------------------------------------------------------------
-# Config checks and the recipe.
-
-
-@pytest.fixture
-def assets(tmp_path):
-  (tmp_path / 'tok.model').write_bytes(b'not read by validate')
-  (tmp_path / 'base').mkdir()
-  return str(tmp_path / 'tok.model'), str(tmp_path / 'base')
-
-
-def test_recipe_validates_and_changes_only_the_algo_section(assets):
-  for arg in ['', 'tiny']:
-    config = ppo_arith.get_config(arg)
-    base = grpo_arith.get_config(arg)
-    for c in (config, base):
-      c.tokenizer.path, c.init_from = assets
-    config_lib.validate(config)
-    for section in config.keys():
-      if section not in ('algo', 'name'):
-        assert config[section] == base[section], section
-    algo = ppo.algo_config(config)
-    assert ppo.is_ppo(algo) and algo.critic == 'shared' and algo.minibatches == 2
-    assert not ppo.is_ppo(ppo.algo_config(base))
-
-
-@pytest.mark.parametrize('changes,message', [
-    ({'algo.critic': 'none'}, "config.algo.critic='none': algo.advantage='gae' (PPO) needs a "
-     "value model: set 'shared' (a value head on the policy backbone) or 'separate'"),
-    ({'algo.critic': 'twin'}, "config.algo.critic='twin': must be one of 'none', 'shared', "
-     "'separate'"),
-    ({'algo.advantage': 'grpo'}, "config.algo.critic='shared': a critic is only used by "
-     "algo.advantage in ('gae',) (PPO), not 'grpo'; remove it"),
-    ({'algo.lam': 1.5}, 'config.algo.lam=1.5: must be in [0, 1]'),
-    ({'algo.vf_clip': -0.1}, 'config.algo.vf_clip=-0.1: must be >= 0'),
-    ({'algo.minibatches': 3}, 'config.algo.minibatches=3: algo.minibatches * '
-     'algo.microbatches = 3 * 1 must divide the rollout batch'),
-], ids=['no_critic', 'bad_critic', 'critic_without_gae', 'lam', 'vf_clip', 'minibatches'])
-def test_config_errors_are_one_line(changes, message, assets):
-  config = ppo_arith.get_config()
-  config.tokenizer.path, config.init_from = assets
-  for key, value in changes.items():
-    config[key.split('.')[0]][key.split('.')[1]] = value
-  with pytest.raises(config_lib.ConfigError) as info:
-    config_lib.validate(config)
-  assert str(info.value).startswith(message) and '\n' not in str(info.value)
-
-
-def test_ppo_keys_without_gae_are_rejected(assets):
-  config = grpo_arith.get_config()
-  config.tokenizer.path, config.init_from = assets
-  config.algo.gamma = 0.99
-  with pytest.raises(config_lib.ConfigError, match=r"^config.algo.gamma=0.99: a PPO setting"):
-    config_lib.validate(config)
-
-
-# ----------------------------------------------------------------------------
-# End to end: a tiny PPO run (separate critic, adaptive KL) stopped and resumed.
-
-
-def _run_config(steps):
-  config = ppo_arith.get_config('tiny')
-  config.telemetry.console = False
-  config.telemetry.tensorboard = False
-  config.rewards.num_workers = 0
-  config.update_from_flattened_dict({'train.steps': steps, 'train.ckpt_every': 2})
-  config.algo.critic = 'separate'
-  config.algo.kl_ctrl = 'adaptive'
-  config.algo.kl_target = 0.003
-  config.algo.kl_horizon = 32.0
-  return config
-
-
-def _rows(workdir):
-  from rft_jax.telemetry.sinks import read_jsonl  # pylint: disable=g-import-not-at-top
-  return {r['step']: r for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'), kind='train')}
-
-
-def test_tiny_run_resumes_exactly_with_its_critic(tmp_path):
-  """Steps 3..5 after a stop at step 2 equal an uninterrupted run's, critic metrics included:
-  the critic's params and optimiser state and the KL controller come back from the checkpoint."""
-  from rft_jax import trainer  # pylint: disable=g-import-not-at-top
-  full_dir, split_dir = str(tmp_path / 'full'), str(tmp_path / 'split')
-  trainer.run(_run_config(5), full_dir)
-  trainer.run(_run_config(2), split_dir)
-  trainer.run(_run_config(5), split_dir)
-  full, split = _rows(full_dir), _rows(split_dir)
-  assert sorted(split) == [1, 2, 3, 4, 5]
-  keys = ('reward/mean', 'loss', 'kl', 'kl_coef', 'grad_norm', 'critic/vf_loss',
-          'critic/values/mean', 'critic/vf_explained_var', 'critic/grad_norm', 'entropy')
-  for s in (3, 4, 5):
-    for k in keys:
-      np.testing.assert_allclose(split[s][k], full[s][k], rtol=1e-6, atol=1e-8,
-                                 err_msg=f'{k} at step {s}')
-  assert abs(full[3]['critic/values/mean']) > 1e-3   # a fresh (zero) head would give 0
-  assert full[3]['kl_coef'] != full[1]['kl_coef']     # the controller moved
-  for name, metric in (('actor/pg_clipfrac', 'clip_frac'), ('actor/entropy', 'entropy'),
-                       ('actor/ppo_kl', 'ppo_kl')):
-    assert full[3][name] == full[3][metric]           # verl aliases
-  _check_documented(full[3])
-
-
-def _check_documented(row: dict) -> None:
-  """Every metric name a run logs is a row of the README's metric-name table."""
-  import re  # pylint: disable=g-import-not-at-top
-  from rft_jax.telemetry import vocabulary  # pylint: disable=g-import-not-at-top
-  readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                             'README.md')).read()
-  table = readme.split('### Metric names')[1].split('\n\n|')[1].split('\n\n')[0]
-  patterns, verl_of = [], {}
-  for line in table.splitlines()[2:]:
-    cells = [c.strip() for c in line.strip('|').split('|')]
-    ours = re.findall(r'`([^`]+)`', cells[0])
-    for name in ours:
-      patterns.append(re.compile('^' + re.sub(r'<[^>]+>', '[^/]+', re.escape(name)
-                                              .replace(r'\<', '<').replace(r'\>', '>')) + '$'))
-      verl_of[name] = re.findall(r'`([^`]+)`', cells[1])
-  for key in row:
-    if key in ('step', 'kind') or key in vocabulary.ALIASES:
-      continue
-    assert any(p.match(key) for p in patterns), f'{key} is not in the README metric table'
-  for alias, name in vocabulary.ALIASES.items():
-    assert alias in verl_of.get(name, []), f'{alias} (= {name}) missing from the table'
-
-
-@pytest.mark.slow
-def test_no_recompilation_after_the_first_step(tmp_path, caplog):
-  """The PPO loop's jitted pieces (critic params and the in-reward KL coefficient passed each
-  step) compile once."""
-  from rft_jax import trainer  # pylint: disable=g-import-not-at-top
-  config = _run_config(3)
-  config.algo.kl_in_reward = True
-  config.update_from_flattened_dict({'train.eval_every': 100, 'train.ckpt_every': 100})
-  jax.config.update('jax_log_compiles', True)
-  try:
-    with caplog.at_level('WARNING'):
-      trainer.run(config, str(tmp_path))
-  finally:
-    jax.config.update('jax_log_compiles', False)
-  compiles = [r.getMessage() for r in caplog.records if r.getMessage().startswith('Compiling')]
-  for name in ('train_step', 'prepare_batch', 'observe'):
-    n = sum(m.startswith(f'Compiling jit({name})') for m in compiles)
-    assert n == 1, (name, n, compiles)
-  rows = _rows(str(tmp_path))
-  for s in (1, 2, 3):   # the reward's KL uses the adapted coefficient of the step
-    np.testing.assert_allclose(rows[s]['kl_reward/penalty'],
-                               rows[s]['kl_coef'] * rows[s]['kl_reward/seq_kl'], rtol=1e-5)
