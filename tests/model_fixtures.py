@@ -46,3 +46,10 @@ def with_eos_bias(pure, beta, eos_id):
   p['lm_head']['kernel'][0, :] = 0.0
   p['lm_head']['kernel'][0, eos_id] = beta
   return jax.tree.map(jnp.asarray, p)
+
+
+def np_log_softmax(x):
+  """log_softmax over the last axis in float64 NumPy (a reference for the JAX code)."""
+  x = np.asarray(x, np.float64)
+  x = x - x.max(-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(-1, keepdims=True))
