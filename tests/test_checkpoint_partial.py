@@ -3,7 +3,7 @@
 import os
 
 import pytest
-from test_checkpoint import _TENSORSTORE_FULL, make_state
+from checkpoint_fixtures import TENSORSTORE_FULL, make_state
 
 from rft_jax import checkpoint
 
@@ -17,7 +17,7 @@ def test_a_write_failing_in_orbax_leaves_no_temporary_directory(tmp_path, monkey
   ckpt.save(1, make_state(1, steps=1), {}, {})
 
   def full_disk(arr):   # every array orbax writes fails as on a full disk
-    raise ValueError(_TENSORSTORE_FULL)
+    raise ValueError(TENSORSTORE_FULL)
   monkeypatch.setattr(serialization, 'estimate_write_memory_footprint', full_disk)
   with pytest.raises(checkpoint.CheckpointSaveError):
     ckpt.save(2, make_state(2, steps=2), {}, {})

@@ -16,7 +16,7 @@ from rft_jax.algorithms import ppo
 from rft_jax.models import functional as lm
 from rft_jax.monitor.remediation import Decision, Watch
 from rft_jax.telemetry.hooks import Hook
-from test_checkpoint import assert_trees_equal, make_params, make_state
+from checkpoint_fixtures import assert_trees_equal, make_params, make_state
 from test_trainer import tiny_config, train_rows
 
 
