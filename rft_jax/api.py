@@ -140,9 +140,15 @@ def apply_overrides(config: ml_collections.ConfigDict,
   """Sets dotted keys ({'optim.lr': 1e-4}) in place; returns `config`.
 
   Raises ConfigError naming the key: an unknown key (with a did-you-mean hint), a section
-  replaced by a value, or a value of the wrong type (an int is accepted for a float).
+  replaced by a value, or a value of the wrong type (an int is accepted for a float). An
+  optional key the recipe leaves out (config_schema.OPTIONAL_KEYS) is added, as on the CLI.
   """
   for key, value in overrides.items():
+    section, _, name = key.rpartition('.')
+    if key in config_lib.OPTIONAL_KEYS and section in config and name not in config[section]:
+      with config.unlocked():   # an optional key the recipe leaves out, set as the CLI sets it
+        config[section][name] = config_lib.optional_value(key, value)
+      continue
     node, parts = config, key.split('.')
     for i, part in enumerate(parts):
       if not isinstance(node, ml_collections.ConfigDict):

@@ -27,7 +27,7 @@ from rft_jax.config_rules import is_online_dpo
 from rft_jax.config_schema import (  # noqa: F401  (re-exported: callers use config.X)
     CRITIC_ADVANTAGES, DPO_LOSS_TYPES, DPO_PAIR_SOURCES, GROUP_FREE_ADVANTAGES, MONITOR_MODES,
     NAME_TO_FLOAT, OPTIONAL_KEYS, OPTIONAL_SECTIONS, RL_SECTIONS, SCHEMA, SFT_SECTIONS,
-    DPO_SECTIONS, ConfigError, did_you_mean, has_key, lookup, type_name)
+    DPO_SECTIONS, ConfigError, did_you_mean, has_key, lookup, optional_value, type_name)
 
 
 def is_sft(config: ml_collections.ConfigDict) -> bool:

@@ -186,6 +186,14 @@ def has_key(config: ml_collections.ConfigDict, key: str) -> bool:
   return True
 
 
+def optional_value(key: str, value: Any) -> Any:
+  """`value` for the optional key `key` (OPTIONAL_KEYS), an int made a float where the schema
+  wants one (as a recipe's float field takes an int); config.validate checks its type."""
+  section, _, name = key.rpartition('.')
+  wants_float = SCHEMA[section][name] is float
+  return float(value) if wants_float and type(value) is int else value   # not bool
+
+
 def did_you_mean(name: str, candidates) -> str:
   """" (did you mean 'x'?)" for the closest of `candidates` to `name`, or ''."""
   close = difflib.get_close_matches(name, list(candidates), n=1)
