@@ -227,7 +227,10 @@ def test_bad_tensors_are_one_line_errors(hf_models, tmp_path):
          'unexpected tensor model.layers.9.mlp.up_proj.weight': {
              **tensors, 'model.layers.9.mlp.up_proj.weight': tensors['model.norm.weight']},
          'tensor lm_head.weight has shape [95, 64], the config needs [96, 64]': {
-             **tensors, 'lm_head.weight': tensors['lm_head.weight'][:-1]}}
+             **tensors, 'lm_head.weight': tensors['lm_head.weight'][:-1]},
+         # an int8 tensor (a quantized weight without its scales) was read as float32
+         'tensor model.norm.weight is I8 on disk': {
+             **tensors, 'model.norm.weight': tensors['model.norm.weight'].astype(np.int8)}}
   for i, (message, contents) in enumerate(bad.items()):
     d = tmp_path / str(i)
     shutil.copytree(src, d)

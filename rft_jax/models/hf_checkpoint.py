@@ -45,6 +45,9 @@ LLAMA3_KEYS = ('factor', 'low_freq_factor', 'high_freq_factor', 'original_max_po
 # Non-parameter tensors some checkpoints carry (old Llama exports store the rope buffer).
 IGNORED_SUFFIXES = ('rotary_emb.inv_freq',)
 CONFIG, SINGLE, INDEX = 'config.json', 'model.safetensors', 'model.safetensors.index.json'
+# safetensors dtypes read as float32 without changing a value (an int8 or fp8 tensor is a
+# quantized weight that needs its scales: read as it stands, it would be silently wrong).
+FLOAT_DTYPES = ('F64', 'F32', 'F16', 'BF16')
 
 
 class HFCheckpointError(ValueError):
@@ -214,8 +217,8 @@ def check_readable(model_dir: str) -> None:
 
 def check_tensors(model_dir: str, model_cfg: ModelConfig) -> dict[str, str]:
   """weight_map(model_dir) after checking it against model_cfg: HFCheckpointError for a tensor
-  the model does not have, one it needs that is missing, or one of another shape (the files'
-  headers are read, not the data)."""
+  the model does not have, one it needs that is missing, one of another shape, or one that is
+  not a float tensor, e.g. int8 (the files' headers are read, not the data)."""
   wanted = _tensor_names(model_cfg)
   files = weight_map(model_dir)
   for name in files:
@@ -228,10 +231,15 @@ def check_tensors(model_dir: str, model_cfg: ModelConfig) -> dict[str, str]:
   with contextlib.ExitStack() as stack:
     handles = {p: stack.enter_context(safe_open(p, framework='np')) for p in set(files.values())}
     for name, (_, transposed, shape) in wanted.items():
-      disk = tuple(handles[files[name]].get_slice(name).get_shape())
+      sl = handles[files[name]].get_slice(name)
+      disk = tuple(sl.get_shape())
       if disk != (shape[::-1] if transposed else shape):
         raise HFCheckpointError(f'{files[name]}: tensor {name} has shape {list(disk)}, the '
                                 f'config needs {list(shape[::-1] if transposed else shape)}')
+      if sl.get_dtype() not in FLOAT_DTYPES:
+        raise HFCheckpointError(f'{files[name]}: tensor {name} is {sl.get_dtype()} on disk; '
+                                f'only {", ".join(FLOAT_DTYPES)} tensors are read (quantized '
+                                'weights are not supported)')
   return files
 
 
