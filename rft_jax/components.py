@@ -85,13 +85,15 @@ def _check_chat_template(config, tokenizer) -> bool:
 
 def check_setup(config) -> None:
   """What `--validate_only` checks beyond the config, building nothing: the model section
-  against model.path's config.json, its weight files (each opens), the tokenizer (it loads; its
+  against model.path's config.json, its weight files (each opens; their headers hold every
+  tensor the model needs, of its shape and a float dtype), the tokenizer (it loads; its
   vocabulary fits the model) and, for GSM8K, both files of task.manual_dir (every line parsed)
   and the chat template. SetupError naming the key, file and record."""
   model_cfg = model_config(config)   # first: its message lists every field to set
   if config.model.get('path', ''):
     try:   # every weight file opens (a download cut short fails here, not at load)
       hf_checkpoint.check_readable(config.model.path)
+      hf_checkpoint.check_tensors(config.model.path, model_cfg)   # none missing, none odd
     except hf_checkpoint.HFCheckpointError as e:
       raise SetupError(f'config.model.path: {e}') from None
   tokenizer = _load_tokenizer(config)

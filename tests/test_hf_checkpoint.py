@@ -336,3 +336,22 @@ def test_unreadable_config_json_is_one_line_error(tmp_path, capsys, text, reason
   err = capsys.readouterr().err
   assert status == 2 and err.startswith('error: config.model.path: ') and reason in err, err
   assert err.count('\n') == 1, err
+
+
+def test_validate_only_checks_the_weight_files(hf_models, tmp_path):
+  """check_setup (--validate_only) finds a checkpoint without its weights file (it said
+  'config OK' and the run then stopped at load)."""
+  from rft_jax import api  # pylint: disable=g-import-not-at-top
+  model_dir = str(tmp_path / 'llama')
+  shutil.copytree(hf_models['llama'][1], model_dir)
+  hf = hc.load_hf_config(model_dir)
+  fields = {f'model.{k}': getattr(hf, k) for k in (
+      'vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers',
+      'num_attention_heads', 'num_key_value_heads', 'head_dim', 'rope_theta', 'rms_norm_eps',
+      'tie_word_embeddings', 'attention_bias', 'max_position_embeddings')}
+  config = api.load_config('grpo_arith:tiny', {**fields, 'model.path': model_dir,
+                                               'init_from': ''})
+  components.check_setup(config)
+  os.remove(os.path.join(model_dir, hc.SINGLE))
+  with pytest.raises(components.SetupError, match=f'no {hc.SINGLE} or {hc.INDEX}'):
+    components.check_setup(config)
