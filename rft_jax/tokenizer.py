@@ -133,7 +133,11 @@ class HFTokenizer:
     self._hf = self._sp = None
     if os.path.isfile(json_path):
       import tokenizers  # pylint: disable=g-import-not-at-top
-      self._hf = tokenizers.Tokenizer.from_file(json_path)
+      try:   # a damaged file raises a bare Exception (the Rust library's parse error)
+        self._hf = tokenizers.Tokenizer.from_file(json_path)
+      except Exception as e:  # pylint: disable=broad-except
+        reason = ' '.join(str(e).split()) or type(e).__name__
+        raise ValueError(f'{json_path}: cannot load it ({reason})') from None
       self.vocab_size = int(self._hf.get_vocab_size(with_added_tokens=True))
     elif os.path.isfile(spm_path):
       self._sp = spm.SentencePieceProcessor(model_file=spm_path)

@@ -167,3 +167,17 @@ def test_missing_files_are_one_line_errors(tmp_path):
     f.write('{broken')
   with pytest.raises(ValueError, match='tokenizer_config.json: not valid JSON'):
     tok_lib.load_tokenizer(directory)
+
+
+def test_damaged_tokenizer_json_is_one_line_error(tmp_path):
+  """A tokenizer.json cut short: ValueError naming it (was the tokenizers library's bare
+  Exception, a traceback and exit 1 from rft_jax.main)."""
+  directory = fx.write_qwen2_tokenizer(str(tmp_path / 'q'))
+  path = os.path.join(directory, 'tokenizer.json')
+  with open(path) as f:
+    text = f.read()
+  with open(path, 'w') as f:
+    f.write(text[:len(text) // 2])
+  with pytest.raises(ValueError, match=r'tokenizer.json: cannot load it \(') as e:
+    tok_lib.load_tokenizer(directory)
+  assert '\n' not in str(e.value)
