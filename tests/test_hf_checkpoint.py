@@ -355,3 +355,16 @@ def test_validate_only_checks_the_weight_files(hf_models, tmp_path):
   os.remove(os.path.join(model_dir, hc.SINGLE))
   with pytest.raises(components.SetupError, match=f'no {hc.SINGLE} or {hc.INDEX}'):
     components.check_setup(config)
+
+
+@pytest.mark.parametrize('text,reason', [('{"weight_map": ', 'not valid JSON'),
+                                         ('{"metadata": {}}', 'no "weight_map"')])
+def test_damaged_shard_index_is_one_line_error(hf_models, tmp_path, text, reason):
+  """A sharded checkpoint's index cut short or without its map (was a JSONDecodeError or
+  KeyError traceback, exit 1)."""
+  model_dir = str(tmp_path / 'm')
+  shutil.copytree(hf_models['llama_sharded'][1], model_dir)
+  with open(os.path.join(model_dir, hc.INDEX), 'w') as f:
+    f.write(text)
+  with pytest.raises(HFCheckpointError, match=f'{hc.INDEX}: {reason}'):
+    hc.weight_map(model_dir)

@@ -188,8 +188,13 @@ def weight_map(model_dir: str) -> dict[str, str]:
   """{tensor name: safetensors file path} from the index or the single file."""
   index = os.path.join(model_dir, INDEX)
   if os.path.isfile(index):
-    with open(index) as f:
-      return {k: os.path.join(model_dir, v) for k, v in json.load(f)['weight_map'].items()}
+    try:
+      files = jsonfile.read_object(index).get('weight_map')
+    except ValueError as e:   # not JSON, not UTF-8, not an object
+      raise HFCheckpointError(str(e)) from None
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+      raise HFCheckpointError(f'{index}: no "weight_map" of tensor name -> file name')
+    return {k: os.path.join(model_dir, v) for k, v in files.items()}
   single = os.path.join(model_dir, SINGLE)
   if not os.path.isfile(single):
     raise HFCheckpointError(f'{model_dir}: no {SINGLE} or {INDEX} (only safetensors is read)')
