@@ -195,8 +195,8 @@ def run_config(config: ml_collections.ConfigDict, workdir: str, hooks=()) -> dic
   environment (a no-op without JAX_COORDINATOR_ADDRESS) on the first call."""
   global _distributed_ready
   if not _distributed_ready:
-    from rft_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
-    distributed.initialize_from_env()
+    from rft_jax import components  # pylint: disable=g-import-not-at-top
+    components.initialize_distributed()   # a bad variable: SetupError, as a bad mesh
     _distributed_ready = True
   # pylint: disable=g-import-not-at-top
   if config_lib.is_sft(config):

@@ -14,13 +14,22 @@ from rft_jax.data import arith, gsm8k, pipeline
 from rft_jax.models import functional as lm
 from rft_jax.models import hf_checkpoint
 from rft_jax.models.llama import ModelConfig
-from rft_jax.parallel import memory
+from rft_jax.parallel import distributed, memory
 from rft_jax.parallel import mesh as meshlib
 from rft_jax.tokenizer import load_tokenizer
 
 
 class SetupError(ValueError):
   """A config that cannot run on this machine or with these files (one-line message)."""
+
+
+def initialize_distributed() -> None:
+  """jax.distributed from the environment (rft_jax/parallel/distributed.py); a variable that
+  cannot start it is a SetupError naming it (was a traceback from deep in JAX)."""
+  try:
+    distributed.initialize_from_env()
+  except distributed.DistributedEnvError as e:
+    raise SetupError(str(e)) from None
 
 
 @dataclasses.dataclass

@@ -17,8 +17,26 @@ import os
 import jax
 
 
+class DistributedEnvError(ValueError):
+  """A variable above that cannot start jax.distributed (one line naming it)."""
+
+
+def _int_var(env, name: str, lowest: int) -> int | None:
+  if not env.get(name):
+    return None
+  try:
+    value = int(env[name])
+  except ValueError:
+    value = None
+  if value is None or value < lowest:
+    raise DistributedEnvError(f'{name}={env[name]!r}: expected an integer >= {lowest}')
+  return value
+
+
 def initialize_from_env(environ=None) -> bool:
-  """Calls jax.distributed.initialize per the variables above; returns whether it did."""
+  """Calls jax.distributed.initialize per the variables above; returns whether it did.
+  DistributedEnvError for a variable that is not a number, a process id not below the number
+  of processes, or RFT_DISTRIBUTED=1 where JAX finds no cluster to read them from."""
   env = os.environ if environ is None else environ
   address = env.get('JAX_COORDINATOR_ADDRESS')
   if not address and env.get('RFT_DISTRIBUTED', '') not in ('1', 'true'):
@@ -26,11 +44,24 @@ def initialize_from_env(environ=None) -> bool:
   kwargs = {}
   if address:
     kwargs['coordinator_address'] = address
-  if env.get('JAX_NUM_PROCESSES'):
-    kwargs['num_processes'] = int(env['JAX_NUM_PROCESSES'])
-  if env.get('JAX_PROCESS_ID'):
-    kwargs['process_id'] = int(env['JAX_PROCESS_ID'])
+  num, index = _int_var(env, 'JAX_NUM_PROCESSES', 1), _int_var(env, 'JAX_PROCESS_ID', 0)
+  if num is not None:
+    kwargs['num_processes'] = num
+  if index is not None:
+    kwargs['process_id'] = index
+  if num is not None and index is not None and index >= num:
+    raise DistributedEnvError(f'JAX_PROCESS_ID={index}: must be below JAX_NUM_PROCESSES={num}')
   if env.get('JAX_PLATFORMS', '') == 'cpu':   # CPU collectives across processes need gloo
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  jax.distributed.initialize(**kwargs)
+  try:
+    jax.distributed.initialize(**kwargs)
+  except ValueError as e:   # e.g. 'coordinator_address should be defined.' off a cluster
+    names = ' '.join(f'{k}={env[k]!r}' for k in _VARIABLES if env.get(k))
+    raise DistributedEnvError(f'{names}: jax.distributed cannot start ({e}); off a TPU pod, '
+                              'SLURM or Open MPI set JAX_COORDINATOR_ADDRESS, '
+                              'JAX_NUM_PROCESSES and JAX_PROCESS_ID') from None
   return True
+
+
+_VARIABLES = ('RFT_DISTRIBUTED', 'JAX_COORDINATOR_ADDRESS', 'JAX_NUM_PROCESSES',
+              'JAX_PROCESS_ID')

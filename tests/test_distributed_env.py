@@ -1,0 +1,44 @@
+"""Multi-host variables that cannot start jax.distributed: one line naming the variable, exit 2
+(were tracebacks from int() or from inside JAX, exit 1)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rft_jax.parallel import distributed
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize('env,message', [
+    ({'JAX_NUM_PROCESSES': 'two', 'JAX_PROCESS_ID': '0'},
+     "JAX_NUM_PROCESSES='two': expected an integer >= 1"),
+    ({'JAX_NUM_PROCESSES': '2', 'JAX_PROCESS_ID': '-1'},
+     "JAX_PROCESS_ID='-1': expected an integer >= 0"),
+    ({'JAX_NUM_PROCESSES': '2', 'JAX_PROCESS_ID': '2'},
+     'JAX_PROCESS_ID=2: must be below JAX_NUM_PROCESSES=2'),
+])
+def test_bad_variable_is_named(env, message):
+  with pytest.raises(distributed.DistributedEnvError) as e:
+    distributed.initialize_from_env({'JAX_COORDINATOR_ADDRESS': 'localhost:1', **env})
+  assert str(e.value) == message
+
+
+def test_no_variables_is_one_process():
+  assert not distributed.initialize_from_env({})
+
+
+def test_main_exits_2_when_no_cluster_is_found(tmp_path):
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(('JAX_COORDINATOR', 'JAX_NUM_PROC', 'JAX_PROCESS', 'SLURM_',
+                              'OMPI_', 'TPU_'))}
+  result = subprocess.run(
+      [sys.executable, '-m', 'rft_jax.main', '--config', 'grpo_arith:tiny', '--workdir',
+       str(tmp_path / 'run')], cwd=ROOT, env={**env, 'RFT_DISTRIBUTED': '1',
+                                              'JAX_PLATFORMS': 'cpu'},
+      capture_output=True, text=True, timeout=120, check=False)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.startswith("error: RFT_DISTRIBUTED='1': jax.distributed cannot start"), (
+      result.stderr[-2000:])
+  assert 'Traceback' not in result.stderr
