@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 from rft_jax import components  # noqa: E402
 from rft_jax.algorithms import grpo  # noqa: E402
 from rft_jax.algorithms import train_state as ts  # noqa: E402
+from rft_jax.config_schema import CRITIC_ADVANTAGES  # noqa: E402
 from rft_jax.data import pipeline  # noqa: E402
 from rft_jax.models import functional as lm  # noqa: E402
 from rft_jax.parallel import memory  # noqa: E402
@@ -72,7 +73,12 @@ def main():
     meshes = parse_meshes(args.meshes)
   except ValueError as e:
     ap.error(str(e))
+  if args.repeats < 1:
+    ap.error(f'--repeats={args.repeats}: must be >= 1 (timings are the median of the calls)')
   config = load_config(args.config)
+  if 'algo' not in config or config.algo.advantage in CRITIC_ADVANTAGES:   # SFT, DPO, PPO
+    ap.error(f'--config={args.config}: bench_mesh times the sampler and the GRPO step, for the '
+             'GRPO-family recipes (not SFT, DPO or PPO)')
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 1, 1
   c = components.build(config)
   cpu = platform.processor() or platform.machine()
