@@ -319,3 +319,16 @@ def test_cli_plan_prints_assumptions(capsys):
   out = capsys.readouterr().out
   assert 'group size' in out and 'assumptions' in out and 'IsoCompute' in out
   assert cli.main(['plan', '--budget', '1e20']) == 2
+
+
+def test_cli_fit_refuses_an_sft_config_and_a_bad_config_flag(tmp_path, capsys):
+  """An SFT run (no rollouts, no logged FLOPs) was an AttributeError traceback; a --config that
+  does not load was ignored when the log had its FLOPs."""
+  write_run(tmp_path / 'sft', with_flops=False)
+  from configs import sft_arith  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'sft' / 'config.json').write_text(json.dumps(sft_arith.get_config('tiny').to_dict()))
+  assert cli.main(['fit', str(tmp_path / 'sft'), '--n-boot', '50']) == 2
+  assert 'sft_arith has none (SFT, DPO)' in capsys.readouterr().err
+  write_run(tmp_path / 'run')
+  assert cli.main(['fit', str(tmp_path / 'run'), '--config', 'configs/nosuch.py']) == 2
+  assert "config file not found: 'configs/nosuch.py'" in capsys.readouterr().err

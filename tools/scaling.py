@@ -129,6 +129,9 @@ def load_run(run: str, metric: str | None, config_spec: str | None) -> dict[str,
     config = load_config(spec)
     source = (f'step_flops from {spec}' + ('' if config_spec else
                                            ' (the recipe named in the log; overrides unknown)'))
+  if config is not None and 'rollout' not in config:   # SFT, offline DPO: no rollouts to count
+    raise UsageError(f'{run}: no {_FLOPS_KEY} logged, and step_flops counts the rollouts of an '
+                     f'RL recipe; {config.get("name", "this recipe")} has none (SFT, DPO)')
   base_key = metric.replace('eval/', 'eval/base_')
   cum, spent = 0.0, {}   # spent: id(eval record) -> compute spent before it, in file order
   for r in records:
@@ -214,6 +217,8 @@ def plot_fits(runs: Sequence[dict], path: str, target: float | None) -> None:
 
 
 def cmd_fit(args) -> int:
+  if args.config:   # a bad --config is an error even where the runs' logged FLOPs make it unused
+    load_config(args.config)
   runs, errors = [], 0
   for run in args.runs:
     try:
