@@ -203,6 +203,33 @@ def run_all(specs: list[dict], out_dir: str, jobs: int,
   return records
 
 
+def _plan_from_args(ap: argparse.ArgumentParser, args) -> list[dict]:
+  """plan() for the command line; ap.error (exit 2) for a value that would crash, hang
+  (--jobs 0) or select no run at all."""
+  if args.jobs < 1:
+    ap.error(f'--jobs={args.jobs}: must be >= 1')
+  if not args.run_timeout_s > 0:
+    ap.error(f'--run-timeout-s={args.run_timeout_s:g}: must be > 0')
+  try:
+    seeds = [int(s) for s in args.seeds.split(',')]
+  except ValueError:
+    seeds = [-1]
+  if min(seeds) < 0:
+    ap.error(f'--seeds={args.seeds!r}: expected comma-separated integers >= 0, e.g. 1,2')
+  modes = [m for m in args.modes.split(',') if m]
+  if set(modes) - {'warn', 'auto'}:
+    ap.error(f'--modes={args.modes!r}: the modes are warn and auto')
+  try:
+    specs = plan(args.suite, seeds, [f for f in args.faults.split(',') if f], modes)
+  except ValueError as e:
+    ap.error(str(e))
+  if not specs:
+    ap.error(f'--faults={args.faults!r} --modes={args.modes!r} leave no run of the '
+             f'{args.suite} suite (ci: {", ".join(("healthy",) + CI_FAULTS + CI_BENIGN)}, '
+             'warn mode only)')
+  return specs
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--suite', choices=('ci', 'full'), default='ci')
@@ -219,11 +246,13 @@ def main(argv=None) -> int:
   out = args.out or os.path.join('runs', f'faultbench_{args.suite}')
   from tools import faultbench_report, faultbench_score  # pylint: disable=g-import-not-at-top
   if args.rescore:
-    with open(os.path.join(out, 'results.jsonl')) as f:
+    results = os.path.join(out, 'results.jsonl')
+    if not os.path.isfile(results):
+      ap.error(f'--rescore: no {results} (--out names the directory of an earlier run)')
+    with open(results) as f:
       records = [json.loads(line) for line in f]
   else:
-    specs = plan(args.suite, [int(s) for s in args.seeds.split(',')],
-                 [f for f in args.faults.split(',') if f], [m for m in args.modes.split(',') if m])
+    specs = _plan_from_args(ap, args)
     print(f'FaultBench {args.suite}: {len(specs)} runs, {args.jobs} jobs, out {out}', flush=True)
     records = run_all(specs, out, args.jobs, args.run_timeout_s)
   scores = faultbench_score.score(records)

@@ -1,0 +1,30 @@
+"""tools.faultbench's flags: a value that would crash, hang or run nothing is a usage error
+(exit 2) before any run starts. Were: tracebacks (--faults nosuch, --seeds x, --rescore of a
+missing dir), a hang (--jobs 0), and exit 0 with an empty report (--modes bogus, or filters
+that leave none of the suite's runs)."""
+import pytest
+
+from tools import faultbench
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['--faults', 'nosuch'], "--faults: unknown ['nosuch']"),
+    (['--seeds', 'x'], "--seeds='x': expected comma-separated integers"),
+    (['--seeds', ''], "--seeds='': expected comma-separated integers"),
+    (['--jobs', '0'], '--jobs=0: must be >= 1'),
+    (['--run-timeout-s', '0'], '--run-timeout-s=0: must be > 0'),
+    (['--modes', 'bogus'], "--modes='bogus': the modes are warn and auto"),
+    (['--faults', 'healthy', '--modes', 'auto'], 'leave no run of the ci suite'),
+])
+def test_bad_flags_are_usage_errors(tmp_path, capsys, argv, message):
+  with pytest.raises(SystemExit) as e:
+    faultbench.main(['--suite', 'ci', '--out', str(tmp_path / 'out'), *argv])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and message in err, err
+  assert not (tmp_path / 'out').exists()   # nothing ran, no empty report
+
+
+def test_rescore_of_a_missing_dir_is_a_usage_error(tmp_path, capsys):
+  with pytest.raises(SystemExit) as e:
+    faultbench.main(['--rescore', '--out', str(tmp_path)])
+  assert e.value.code == 2 and '--rescore: no ' in capsys.readouterr().err
