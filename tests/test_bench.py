@@ -104,7 +104,7 @@ def test_gpu_preset_is_qwen2_0p5b_shaped():
 
 
 @pytest.mark.slow
-def test_bench_runs_the_gpu_preset_scaled_down(tmp_path):
+def test_bench_runs_the_gpu_preset_scaled_down(tmp_path, capsys):
   """--preset gpu_0p5b's code path (GQA, q/k/v biases, tied embeddings, bf16) with
   --workload-json shrinking it to CPU size; a bad override is a one-line error."""
   small = {'vocab_size': 96, 'hidden_size': 56, 'intermediate_size': 64, 'num_hidden_layers': 1,
@@ -121,9 +121,26 @@ def test_bench_runs_the_gpu_preset_scaled_down(tmp_path):
   assert result['rft_jax']['derived']['decode_tok_s'] > 0   # decode timed as its own program
   table = (tmp_path / 'grpo_gpu_0p5b.md').read_text()
   assert 'matmul rate (jit bfloat16 2048x2048)' in table and 'bfloat16' in result['workload_text']
-  with pytest.raises(SystemExit, match="--workload-json.*unexpected keyword argument 'hiden_size'"):
+  with pytest.raises(SystemExit) as e:
     bench.main(['--preset', 'gpu_0p5b', '--workload-json', '{"hiden_size": 8}',
                 '--out', str(tmp_path)])
+  assert e.value.code == 2 and "unknown field 'hiden_size'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['--steps', '0'], '--steps=0: must be >= 1'),   # was a ZeroDivisionError after warm-up
+    (['--warmup', '-1'], '--warmup=-1: must be >= 0'),
+    (['--workload-json', '[1]'], 'expected a JSON object of workload fields, got list'),
+    (['--workload-json', '{"group_size": 1}'], 'group_size=1: must be >= 2'),
+    (['--workload-json', '{"hidden_size": "x"}'], "hidden_size='x': expected int"),
+    (['--workload-json', '{"dtype": "float16"}'], "dtype='float16': must be"),
+])
+def test_bad_flags_are_usage_errors_before_any_step(monkeypatch, capsys, argv, message):
+  monkeypatch.setattr(bench, 'run_workload', lambda args: pytest.fail('ran the workload'))
+  with pytest.raises(SystemExit) as e:
+    bench.main(['--tiny', '--skip-first-step', *argv])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and message in err, err
 
 
 def test_report_shows_a_failed_first_step_run_and_no_xla_rate_off_cpu():

@@ -106,9 +106,9 @@ def workload(args):
   if args.full_prompt_pass:
     w = dataclasses.replace(w, shared_prompt=False)
   try:
-    return dataclasses.replace(w, **json.loads(args.workload_json))
-  except (TypeError, ValueError) as e:
-    raise SystemExit(f'--workload-json {args.workload_json!r}: {e}') from None
+    return wl.with_fields(w, json.loads(args.workload_json))
+  except ValueError as e:   # not JSON, an unknown field, a bad value: main makes it exit 2
+    raise ValueError(f'--workload-json {args.workload_json!r}: {e}') from None
 
 
 def run_workload(args) -> dict:
@@ -233,6 +233,14 @@ def main(argv=None):
   args = ap.parse_args(argv)
   if args.tiny:
     args.preset = 'tiny'
+  for flag, value, lowest in (('steps', args.steps, 1), ('warmup', args.warmup, 0),
+                              ('repeats', args.repeats, 1)):
+    if value < lowest:   # --steps 0 was a ZeroDivisionError after the warm-up steps
+      ap.error(f'--{flag}={value}: must be >= {lowest}')
+  try:   # before any step runs
+    workload(args)
+  except ValueError as e:
+    ap.error(str(e))
   missing = missing_compare_modules() if args.compare == 'trl' else []
   if missing:   # before minutes of rft_jax steps, not as a failed row at the end
     ap.error(f"--compare trl needs the 'compare' extra (missing: {', '.join(missing)}): "

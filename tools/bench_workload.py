@@ -79,6 +79,42 @@ GPU_0P5B = Workload(vocab_size=151936, hidden_size=896, intermediate_size=4864,
 PRESETS = {'issue11': ISSUE, 'tiny': TINY, 'gpu_0p5b': GPU_0P5B}
 
 
+def with_fields(w: Workload, fields) -> Workload:
+  """`w` with `fields` (--workload-json's object) replaced. ValueError, one line, naming the
+  first field that is unknown, of another type or out of range."""
+  if not isinstance(fields, dict):
+    raise ValueError(f'expected a JSON object of workload fields, got {type(fields).__name__}')
+  for name, value in fields.items():
+    if not hasattr(w, name):
+      raise ValueError(f'unknown field {name!r}; fields: '
+                       + ', '.join(f.name for f in dataclasses.fields(Workload)))
+    want = type(getattr(w, name))
+    if not (type(value) is want or want is float and type(value) is int):
+      raise ValueError(f'{name}={value!r}: expected {want.__name__}')
+  w = dataclasses.replace(w, **{k: float(v) if type(getattr(w, k)) is float else v
+                                for k, v in fields.items()})
+  kv = w.num_key_value_heads or w.num_attention_heads
+  for name, ok, need in (
+      ('vocab_size', w.vocab_size >= 8, '>= 8'),
+      ('hidden_size', w.hidden_size >= 1, '>= 1'),
+      ('intermediate_size', w.intermediate_size >= 1, '>= 1'),
+      ('num_hidden_layers', w.num_hidden_layers >= 1, '>= 1'),
+      ('num_attention_heads', w.num_attention_heads >= 1 and w.hidden_size
+       % w.num_attention_heads == 0, 'a divisor of hidden_size'),
+      ('num_key_value_heads', w.num_key_value_heads >= 0 and w.num_attention_heads % kv == 0,
+       '0 or a divisor of num_attention_heads'),
+      ('prompts_per_step', w.prompts_per_step >= 1, '>= 1'),
+      ('group_size', w.group_size >= 2, '>= 2 (a group baseline)'),
+      ('prompt_len_min', 1 <= w.prompt_len_min <= w.prompt_len_max, '>= 1 and <= prompt_len_max'),
+      ('max_new_tokens', w.max_new_tokens >= 1, '>= 1'),
+      ('kl_coef', w.kl_coef >= 0, '>= 0'), ('lr', w.lr > 0, '> 0'),
+      ('seed', w.seed >= 0, '>= 0'), ('reward_workers', w.reward_workers >= 0, '>= 0'),
+      ('dtype', w.dtype in ('float32', 'bfloat16'), "'float32' or 'bfloat16'")):
+    if not ok:
+      raise ValueError(f'{name}={getattr(w, name)!r}: must be {need}')
+  return w
+
+
 @register_verifier('first_even', inline=True)
 def first_even(completion: str, answer: str) -> float:
   """1.0 when the completion's first word is 't<even id>', else 0.0 (answer unused).
