@@ -247,7 +247,10 @@ def main(argv=None):
              "pip install -e '.[compare]'")
   if args.recipe:
     from tools import bench_recipe  # pylint: disable=g-import-not-at-top
-    bench_recipe.run(args.recipe, args.repeats)
+    try:
+      bench_recipe.run(args.recipe, args.repeats)
+    except bench_recipe.NotTimed as e:   # an SFT, DPO or PPO recipe: was a traceback
+      ap.error(str(e))
     return None
   os.makedirs(args.out, exist_ok=True)
   args.child_env = dict(os.environ)   # the time-to-first-step children's, before the line below
