@@ -120,6 +120,8 @@ def sample(policy: Policy, prompts: Sequence[str], *, n: int = 1, temperature: f
   if n < 1 or not prompts:
     raise ValueError(f'sample: need n >= 1 and at least one prompt (n={n}, '
                      f'{len(prompts)} prompts)')
+  _check_ranges('sample', {'rollout.temperature': temperature, 'rollout.top_k': top_k,
+                           'rollout.top_p': top_p, 'rollout.max_new_tokens': max_new_tokens})
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from rft_jax.data import pipeline  # pylint: disable=g-import-not-at-top
@@ -157,6 +159,8 @@ def evaluate(policy: Policy, *, num_prompts: int | None = None, k: int | None = 
   temperature); with them the numbers equal the run's own eval of the same params.
   """
   from rft_jax import components, evaluation  # pylint: disable=g-import-not-at-top
+  _check_ranges('evaluate', {'eval.num_prompts': num_prompts, 'eval.k': k,
+                             'eval.temperature': temperature})
   config = copy.deepcopy(policy.config)
   for name, value in (('num_prompts', num_prompts), ('k', k), ('temperature', temperature)):
     if value is not None:
@@ -169,6 +173,15 @@ def evaluate(policy: Policy, *, num_prompts: int | None = None, k: int | None = 
         max_new_tokens=completion_len(config), k=config.eval.k,
         temperature=config.eval.temperature, seed=config.seed)
   return policy._compiled[key](policy.params)
+
+
+def _check_ranges(fn: str, values: dict) -> None:
+  """ValueError (one line) for an argument the recipe's config rules would refuse, e.g.
+  evaluate(k=0) (was a shape error inside JAX), sample(temperature=-1) (sampled garbage)."""
+  from rft_jax import config_rules as rules  # pylint: disable=g-import-not-at-top
+  for key, ok, requirement in rules.COMMON_RULES + rules.RL_RULES:
+    if values.get(key) is not None and not ok(values[key]):
+      raise ValueError(f'{fn}: {key.split(".")[1]}={values[key]!r}: {requirement}')
 
 
 def _recipe_batches(config) -> tuple[list[tuple[int, int, str]], dict]:
