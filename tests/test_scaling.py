@@ -332,3 +332,8 @@ def test_cli_fit_refuses_an_sft_config_and_a_bad_config_flag(tmp_path, capsys):
   write_run(tmp_path / 'run')
   assert cli.main(['fit', str(tmp_path / 'run'), '--config', 'configs/nosuch.py']) == 2
   assert "config file not found: 'configs/nosuch.py'" in capsys.readouterr().err
+
+
+def test_cli_plan_refuses_a_recipe_without_rollouts(capsys):
+  assert cli.main(['plan', '--budget', '1e15', '--config', 'configs/sft_arith.py:tiny']) == 2
+  assert 'this recipe has none (SFT, DPO)' in capsys.readouterr().err

@@ -271,6 +271,9 @@ def cmd_plan(args) -> int:
   n_params = args.model_params
   if args.config:
     config = load_config(args.config)
+    if 'rollout' not in config:   # was an AttributeError traceback
+      raise UsageError(f'--config={args.config}: plan splits a budget into RL rollouts; this '
+                       'recipe has none (SFT, DPO): give --model-params instead')
     n_params = n_params or flops.matmul_params(flops.ModelFields(dict(config.model)))
     kw = dict(prompt_len=config.task.max_prompt_len, gen_len=config.rollout.max_new_tokens,
               updates_per_batch=int(config.algo.get('updates_per_batch', 1)),
