@@ -19,6 +19,7 @@ import numpy as np
 
 from configs import common
 from rft_jax.models import ModelConfig, create, forward
+from rft_jax.models.llama import REMAT_POLICIES
 from tools.bench_report import machine
 
 
@@ -58,13 +59,26 @@ def main(argv=None):
   ap.add_argument('--repeats', type=int, default=5)
   ap.add_argument('--remat', default='none,full', help='comma-separated ModelConfig.remat values')
   args = ap.parse_args(argv)
+  try:   # a bad value: one usage line, exit 2 (were tracebacks; --repeats 0 printed nan)
+    depths = [int(x) for x in args.layers.split(',')]
+  except ValueError:
+    depths = [0]
+  if min(depths) < 1:
+    ap.error(f'--layers={args.layers!r}: expected comma-separated integers >= 1')
+  known = ('none', *REMAT_POLICIES)
+  unknown = set(args.remat.split(',')) - set(known)
+  if unknown:
+    ap.error(f'--remat={args.remat!r}: unknown {sorted(unknown)}; known: ' + ', '.join(known))
+  for flag, value in (('batch', args.batch), ('seq', args.seq), ('repeats', args.repeats)):
+    if value < 1:
+      ap.error(f'--{flag}={value}: must be >= 1')
   base = ModelConfig.from_dict(common.tiny_model())
   m = machine()
   print(f"{m['cpu']}, {m['cores']} cores, {m['device']}, jax {m['jax']}, "
         f"load {m['load_avg_1min']:.1f}; batch {args.batch} x {args.seq} tokens\n")
   print('| layers | remat | loop | compile s | step s | XLA temp MB |')
   print('|---:|---|---|---:|---:|---:|')
-  for layers in (int(x) for x in args.layers.split(',')):
+  for layers in depths:
     for remat in args.remat.split(','):
       for scan in (False, True):
         cfg = dataclasses.replace(base, num_hidden_layers=layers, remat=remat, scan_layers=scan)
