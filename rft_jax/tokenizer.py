@@ -146,8 +146,7 @@ class HFTokenizer:
       raise FileNotFoundError(f'no tokenizer.json or tokenizer.model in {self.path}')
     self._added = self._added_tokens()
     self.vocab_size = max([self.vocab_size] + [i + 1 for i in self._added.values()])
-    ids_from = [_read_json(self.path, 'generation_config.json'),
-                _read_json(self.path, 'config.json')]
+    ids_from = [_token_ids(self.path, name) for name in ('generation_config.json', 'config.json')]
     found = {}
     for name in ('bos', 'eos', 'pad', 'unk'):
       key = f'{name}_token'
@@ -158,9 +157,8 @@ class HFTokenizer:
         continue
       found[name] = None
       for source in ids_from:
-        if found[name] is None and source.get(f'{name}_token_id') is not None:
-          value = source[f'{name}_token_id']
-          found[name] = int(value[0] if isinstance(value, list) else value)
+        if found[name] is None and source.get(f'{name}_token_id'):
+          found[name] = source[f'{name}_token_id'][0]
       if found[name] is None and self._sp is not None:
         sp_id = int(getattr(self._sp, f'{name}_id')())
         found[name] = sp_id if sp_id >= 0 else None
@@ -170,8 +168,7 @@ class HFTokenizer:
     self.bos_id, self.eos_id, self.unk_id = found['bos'], found['eos'], found['unk']
     self.pad_id = found['pad'] if found['pad'] is not None else self.eos_id
     stop = ids_from[0].get('eos_token_id', [])
-    stop = stop if isinstance(stop, list) else [stop]
-    self.stop_ids = tuple(dict.fromkeys([self.eos_id] + [int(i) for i in stop]))
+    self.stop_ids = tuple(dict.fromkeys([self.eos_id] + stop))
     self._skip = frozenset(i for i in (self.bos_id, self.eos_id, self.pad_id) if i is not None)
     self._strings = {name: self._id_text(found[name]) for name in found}
     self.chat_template = self._find_chat_template()
@@ -289,6 +286,23 @@ def _read_json(directory: str, name: str) -> dict:
   if not os.path.isfile(path):
     return {}
   return jsonfile.read_object(path)
+
+
+def _token_ids(directory: str, name: str) -> dict[str, list[int]]:
+  """{'bos_token_id': [ids], ...} of ``directory/name`` (generation_config.json or
+  config.json): an id or a list of ids each; null, absent or negative (old Llama conversions'
+  ``pad_token_id: -1``) mean none. ValueError naming the file and key for anything else (was
+  an int() error or a TypeError traceback)."""
+  config, ids = _read_json(directory, name), {}
+  for key in ('bos_token_id', 'eos_token_id', 'pad_token_id', 'unk_token_id'):
+    value = config.get(key)
+    value = [] if value is None else value if isinstance(value, list) else [value]
+    if not all(type(i) is int for i in value):
+      raise ValueError(f'{os.path.join(directory, name)}: {key}={config[key]!r}: expected a '
+                       'token id or a list of ids')
+    if [i for i in value if i >= 0]:
+      ids[key] = [i for i in value if i >= 0]
+  return ids
 
 
 def _token_text(entry) -> str | None:

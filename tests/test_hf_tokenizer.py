@@ -181,3 +181,21 @@ def test_damaged_tokenizer_json_is_one_line_error(tmp_path):
   with pytest.raises(ValueError, match=r'tokenizer.json: cannot load it \(') as e:
     tok_lib.load_tokenizer(directory)
   assert '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('value,stop', [('null', None), ('-1', None), ('"abc"', 'error'),
+                                        ('[2, null]', 'error')])
+def test_generation_config_eos_ids_null_negative_or_bad(tmp_path, value, stop):
+  """eos_token_id null or negative means none (null was a TypeError traceback); a string or a
+  null in the list is a ValueError naming the file (was an int() error without it)."""
+  directory = fx.write_llama3_tokenizer(str(tmp_path / 'l'))
+  eos = tok_lib.load_tokenizer(directory).eos_id
+  with open(os.path.join(directory, 'generation_config.json'), 'w') as f:
+    f.write('{"eos_token_id": %s, "pad_token_id": -1}' % value)
+  if stop == 'error':
+    with pytest.raises(ValueError, match=r'generation_config.json: eos_token_id=.*: expected a '
+                                         r'token id or a list of ids'):
+      tok_lib.load_tokenizer(directory)
+    return
+  tok = tok_lib.load_tokenizer(directory)
+  assert tok.stop_ids == (eos,) and tok.pad_id == eos   # pad -1: none, so EOS pads
