@@ -206,6 +206,8 @@ def _edited_copy(src, dst, **changes):
     ('qwen2', dict(use_sliding_window=True, sliding_window=16), 'use_sliding_window'),
     ('qwen2', dict(architectures=['GPT2LMHeadModel']), 'architectures'),
     ('mistral', dict(torch_dtype='float8_e4m3fn', dtype=None), 'torch_dtype'),
+    ('llama', dict(rms_norm_eps=None), 'rms_norm_eps'),   # was a TypeError traceback
+    ('llama', dict(num_hidden_layers=0), 'num_hidden_layers'),   # was accepted
 ])
 def test_unsupported_config_is_one_line_error(hf_models, tmp_path, name, changes, field):
   model_dir = _edited_copy(hf_models[name][1], tmp_path / 'm', **changes)

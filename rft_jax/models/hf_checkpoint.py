@@ -129,8 +129,11 @@ def load_hf_config(model_dir: str) -> ModelConfig:
   fam = family(hf, path)
   for key in ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers',
               'num_attention_heads'):
-    if not isinstance(hf.get(key), int):
-      _fail(path, key, hf.get(key), 'required (an integer)')
+    if type(hf.get(key)) is not int or hf[key] < 1:
+      _fail(path, key, hf.get(key), 'required (an integer >= 1)')
+  for key, kind in (('rms_norm_eps', (int, float)), ('max_position_embeddings', (int,))):
+    if key in hf and (type(hf[key]) not in kind or hf[key] <= 0):   # None: was a traceback
+      _fail(path, key, hf[key], f'must be a positive {"integer" if kind == (int,) else "number"}')
   if hf.get('hidden_act', 'silu') != 'silu':
     _fail(path, 'hidden_act', hf['hidden_act'], "only 'silu' (SwiGLU) is supported")
   if hf.get('quantization_config'):
