@@ -208,6 +208,8 @@ def _edited_copy(src, dst, **changes):
     ('mistral', dict(torch_dtype='float8_e4m3fn', dtype=None), 'torch_dtype'),
     ('llama', dict(rms_norm_eps=None), 'rms_norm_eps'),   # was a TypeError traceback
     ('llama', dict(num_hidden_layers=0), 'num_hidden_layers'),   # was accepted
+    ('llama', dict(head_dim='16'), 'head_dim'),   # were TypeError/ValueError tracebacks
+    ('qwen2', dict(rope_scaling='x'), 'rope_scaling'),
 ])
 def test_unsupported_config_is_one_line_error(hf_models, tmp_path, name, changes, field):
   model_dir = _edited_copy(hf_models[name][1], tmp_path / 'm', **changes)

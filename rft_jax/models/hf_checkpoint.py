@@ -87,12 +87,14 @@ def _rope(hf: dict, path: str) -> tuple[float, tuple | None]:
   or v5 (`rope_parameters`) fields; rope type key `rope_type` or legacy `type`."""
   params = dict(hf.get('rope_parameters') or {})
   scaling = dict(hf.get('rope_scaling') or params)
-  theta = hf.get('rope_theta', params.get('rope_theta', 10000.0))
+  theta = hf.get('rope_theta') or params.get('rope_theta') or 10000.0
   kind = scaling.get('rope_type', scaling.get('type', 'default'))
   field = 'rope_scaling' if hf.get('rope_scaling') else 'rope_parameters'
   partial = scaling.get('partial_rotary_factor', hf.get('partial_rotary_factor', 1.0))
   if partial != 1.0:
     _fail(path, 'partial_rotary_factor', partial, 'must be 1.0 (rotary on the whole head)')
+  if type(theta) not in (int, float) or theta <= 0:
+    _fail(path, f'{field}.rope_theta', theta, 'must be a positive number')
   if kind == 'default':
     return float(theta), None
   if kind != 'llama3':   # yarn/dynamic/linear/longrope change the rotary maths
@@ -131,9 +133,18 @@ def load_hf_config(model_dir: str) -> ModelConfig:
               'num_attention_heads'):
     if type(hf.get(key)) is not int or hf[key] < 1:
       _fail(path, key, hf.get(key), 'required (an integer >= 1)')
-  for key, kind in (('rms_norm_eps', (int, float)), ('max_position_embeddings', (int,))):
-    if key in hf and (type(hf[key]) not in kind or hf[key] <= 0):   # None: was a traceback
-      _fail(path, key, hf[key], f'must be a positive {"integer" if kind == (int,) else "number"}')
+  for key, kind, nullable in (('rms_norm_eps', float, False),   # null: was a traceback
+                              ('max_position_embeddings', int, False), ('rope_theta', float, True),
+                              ('head_dim', int, True), ('num_key_value_heads', int, True)):
+    value = hf.get(key)
+    number = type(value) is int or kind is float and type(value) is float
+    if key in hf and not (nullable and value is None) and not (number and value > 0):
+      _fail(path, key, value, f'must be a positive {"integer" if kind is int else "number"}'
+            + (' or null' if nullable else ''))
+  for key, kind in (('rope_parameters', dict), ('rope_scaling', dict),
+                    ('tie_word_embeddings', bool)):
+    if hf.get(key) is not None and type(hf[key]) is not kind:
+      _fail(path, key, hf[key], f'must be {"an object" if kind is dict else "true/false"} or null')
   if hf.get('hidden_act', 'silu') != 'silu':
     _fail(path, 'hidden_act', hf['hidden_act'], "only 'silu' (SwiGLU) is supported")
   if hf.get('quantization_config'):
