@@ -162,6 +162,8 @@ def test_bad_options_say_why():
     scaling.fit_sigmoid(c, r, level=95)
   with pytest.raises(ScalingFitError, match='target_compute'):
     scaling.fit_sigmoid(c, r, target_compute=-1, n_boot=20)
+  with pytest.raises(ScalingFitError, match='upper=0.3: below the largest value fitted'):
+    scaling.fit_sigmoid(c, r, upper=0.3, n_boot=20)   # was a silent misfit under the bound
   for fit in (scaling.fit_sigmoid, scaling.fit_power_law):   # 0 raised IndexError, 1 gave a
     for n_boot in (0, 1, 19):                                # zero-width "identified" interval
       with pytest.raises(ScalingFitError, match=f'n_boot must be an integer >= 20.*{n_boot}'):

@@ -279,6 +279,9 @@ def fit_sigmoid(compute: Any, reward: Any, exclude_first: float = 0.1, *,
   common.require_points(cf.size, 3, f'sigmoid fit (excluding C <= {exclude_first:g} * max C)')
   common.require_varying(rf, 'reward')
   common.require_varying(cf, 'compute')
+  if upper is not None and upper < rf.max():   # A could not reach the data: a silent misfit
+    raise common.ScalingFitError(f'upper={upper:g}: below the largest value fitted '
+                                 f'({rf.max():g}); the bound on A must be at least that')
   x = np.log(cf)
   (a, b, m), sse = _fit_point(x, rf, r0, upper)
   fitted = r0 + (a - r0) * _expit(b * (x - m))
