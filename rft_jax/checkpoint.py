@@ -346,8 +346,22 @@ class Checkpointer:
       self._quiet.close()
 
 
+def check_params_out(path: str) -> None:
+  """FileExistsError unless `path` is absent, empty, or a params directory written before (it
+  has orbax's _CHECKPOINT_METADATA): save_params replaces the whole directory, and a mistyped
+  --out once deleted whatever was there."""
+  if os.path.isdir(path) and os.listdir(path) and not os.path.isfile(
+      os.path.join(path, '_CHECKPOINT_METADATA')):
+    raise FileExistsError(f'{path} exists and is not a parameter checkpoint (no orbax '
+                          '_CHECKPOINT_METADATA); refusing to replace it: give a new directory')
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise FileExistsError(f'{path} exists and is a file; give a new directory')
+
+
 def save_params(path: str, params: Any) -> None:
-  """Writes a params pytree to a standalone orbax directory (overwrites)."""
+  """Writes a params pytree to a standalone orbax directory, replacing an earlier one there
+  (check_params_out: never another directory)."""
+  check_params_out(path)
   with ocp.StandardCheckpointer() as ckptr:
     ckptr.save(os.path.abspath(path), params, force=True)
 

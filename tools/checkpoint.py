@@ -98,6 +98,8 @@ def export(args) -> None:
                               '--config.a.b=v overrides the run was started with')
   except components.SetupError as e:
     raise SystemExit(f'error: {e}') from None
+  if not os.path.isdir(os.path.join(args.workdir, 'checkpoints')):   # Checkpointer creates it
+    raise SystemExit(f'error: no checkpoint in {args.workdir}/checkpoints (not a run directory?)')
   ckpt = checkpoint.Checkpointer(os.path.join(args.workdir, 'checkpoints'))
   steps = ckpt.all_steps()
   step = args.step if args.step is not None else ckpt.latest_step()
@@ -132,6 +134,10 @@ def convert(args) -> None:
   from rft_jax import checkpoint  # pylint: disable=g-import-not-at-top
   from rft_jax.models import functional, hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
   from rft_jax.parallel import mesh as meshlib  # pylint: disable=g-import-not-at-top
+  try:   # before reading the weights: orbax's save replaces the whole --out directory
+    checkpoint.check_params_out(args.out)
+  except FileExistsError as e:
+    raise SystemExit(f'error: --out {e}') from None
   cfg = hc.load_hf_config(args.hf_dir)
   mesh = meshlib.make_mesh({'data': 1, 'fsdp': -1, 'tensor': 1})
   _, abstract = functional.abstract_params(cfg)

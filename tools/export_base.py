@@ -49,13 +49,21 @@ def main(argv=None):
   tx = ts.make_optimizer(config.optim)
   shardings = runs.state_shardings(c, tx)
   like = runs.init_state(c.params, tx, shardings)
-  ckpt = checkpoint.Checkpointer(os.path.join(args.workdir, 'checkpoints'))
+  try:   # before anything is read: a mistyped --out was deleted whole (rmtree)
+    checkpoint.check_params_out(args.out)
+  except FileExistsError as e:
+    raise SystemExit(f'error: --out {e}') from None
+  directory = os.path.join(args.workdir, 'checkpoints')
+  if not os.path.isdir(directory):   # Checkpointer would create it
+    raise SystemExit(f'error: no checkpoint in {directory} (not a run directory?)')
+  ckpt = checkpoint.Checkpointer(directory)
   step = args.step if args.step is not None else ckpt.latest_step()
-  if step is None:
-    raise SystemExit(f'error: no checkpoint in {args.workdir}/checkpoints')
+  if step is None or step not in ckpt.all_steps():   # --step 99 was a FileNotFoundError
+    raise SystemExit(f'error: no checkpoint {"" if step is None else f"of step {step} "}in '
+                     f'{directory} (there: {ckpt.all_steps() or "none"})')
   state, _, meta, _ = ckpt.restore(step, like, shardings)
   if os.path.exists(args.out):
-    shutil.rmtree(args.out)
+    shutil.rmtree(args.out)   # an earlier params directory (check_params_out)
   checkpoint.save_params(args.out, state.params)
   held_out = meta.get('final_eval') or meta.get('last_eval')
   print(f'wrote params of step {step} to {args.out} (held-out eval: {held_out})')

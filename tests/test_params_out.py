@@ -1,0 +1,46 @@
+"""Writing a params directory (tools.checkpoint convert, tools.export_base) never deletes a
+directory that is not one: a mistyped --out was replaced whole (export_base rmtree'd it, orbax's
+forced save cleared it), e.g. `--out rft_jax` deleted the package."""
+import jax.numpy as jnp
+import pytest
+
+from rft_jax import checkpoint
+
+
+def _victim(tmp_path):
+  victim = tmp_path / 'victim'
+  victim.mkdir()
+  (victim / 'notes.txt').write_text('keep me')
+  return victim
+
+
+def test_save_params_refuses_another_directory_and_replaces_its_own(tmp_path):
+  victim = _victim(tmp_path)
+  with pytest.raises(FileExistsError, match='is not a parameter checkpoint'):
+    checkpoint.save_params(str(victim), {'w': jnp.ones(3)})
+  assert (victim / 'notes.txt').read_text() == 'keep me'
+  with pytest.raises(FileExistsError, match='is a file'):
+    checkpoint.save_params(str(victim / 'notes.txt'), {'w': jnp.ones(3)})
+  out = str(tmp_path / 'params')
+  checkpoint.save_params(out, {'w': jnp.ones(3)})
+  checkpoint.save_params(out, {'w': jnp.zeros(3)})   # an earlier params dir: replaced
+  restored = checkpoint.load_params(out, {'w': jnp.ones(3)})
+  assert float(restored['w'].sum()) == 0.0
+  (tmp_path / 'empty').mkdir()
+  checkpoint.save_params(str(tmp_path / 'empty'), {'w': jnp.ones(3)})
+
+
+def test_tools_refuse_an_out_that_is_not_a_params_directory(tmp_path):
+  from tools import checkpoint as tool  # pylint: disable=g-import-not-at-top
+  from tools import export_base  # pylint: disable=g-import-not-at-top
+  victim = _victim(tmp_path)
+  with pytest.raises(SystemExit, match='--out .* is not a parameter checkpoint'):
+    tool.main(['convert', str(tmp_path / 'no-model'), '--out', str(victim)])
+  with pytest.raises(SystemExit, match='--out .* is not a parameter checkpoint'):
+    export_base.main(['--config', 'configs/sft_arith.py:tiny', '--workdir',
+                      str(tmp_path / 'no-run'), '--out', str(victim)])
+  assert (victim / 'notes.txt').read_text() == 'keep me'
+  with pytest.raises(SystemExit, match='no checkpoint in .*no-run/checkpoints'):
+    export_base.main(['--config', 'configs/sft_arith.py:tiny', '--workdir',
+                      str(tmp_path / 'no-run'), '--out', str(tmp_path / 'new')])
+  assert not (tmp_path / 'no-run').exists()   # Checkpointer had created it
