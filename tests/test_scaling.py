@@ -334,6 +334,9 @@ def test_cli_fit_refuses_an_sft_config_and_a_bad_config_flag(tmp_path, capsys):
   write_run(tmp_path / 'run')
   assert cli.main(['fit', str(tmp_path / 'run'), '--config', 'configs/nosuch.py']) == 2
   assert "config file not found: 'configs/nosuch.py'" in capsys.readouterr().err
+  # a shipped recipe by name, as rft_jax.main takes it (was 'config file not found')
+  assert cli.main(['fit', str(tmp_path / 'run'), '--config', 'grpo_arith:tiny',
+                   '--n-boot', '50']) == 0
 
 
 def test_cli_plan_refuses_a_recipe_without_rollouts(capsys):

@@ -60,8 +60,10 @@ class UsageError(Exception):
 
 
 def load_config(spec: str):
-  """configs/x.py[:arg] -> its get_config(arg) (the recipe dir is put on sys.path)."""
-  path, *arg = spec.split(':', 1)
+  """configs/x.py[:arg] (or a shipped recipe's name, 'grpo_arith:tiny', as rft_jax.main takes
+  it) -> its get_config(arg) (the recipe dir is put on sys.path)."""
+  from rft_jax import api  # pylint: disable=g-import-not-at-top
+  path, *arg = api.resolve_recipe(spec).split(':', 1)
   if not os.path.isfile(path):
     raise UsageError(f'config file not found: {path!r}')
   root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
