@@ -3,6 +3,7 @@
 Shared by the RL trainer and the SFT trainer so both load models and data the same way.
 """
 import dataclasses
+import os
 from typing import Any
 
 import jax
@@ -235,12 +236,34 @@ def _load_tokenizer(config):
   path = config.tokenizer.path or config.model.get('path', '')
   key = 'tokenizer.path' if config.tokenizer.path else 'model.path'
   try:
-    return load_tokenizer(path)
+    tokenizer = load_tokenizer(path)
   except (FileNotFoundError, ValueError) as e:
     raise SetupError(f'config.{key}: {e}') from None
   except (OSError, RuntimeError) as e:   # sentencepiece: 'could not parse ModelProto'
     raise SetupError(
         f'config.{key}={path}: cannot load a tokenizer from it ({_reason(e)})') from None
+  _check_checkpoint_tokenizer(config, tokenizer)
+  return tokenizer
+
+
+def _check_checkpoint_tokenizer(config, tokenizer) -> None:
+  """SetupError when model.path holds its own tokenizer and config.tokenizer.path names another
+  whose vocabulary size or EOS differs: the checkpoint's embedding rows would be read as other
+  tokens, silently (e.g. grpo_arith's SentencePiece kept beside a Llama model.path)."""
+  model_dir = config.model.get('path', '')
+  if not (config.tokenizer.path and model_dir) or not any(
+      os.path.isfile(os.path.join(model_dir, f)) for f in ('tokenizer.json', 'tokenizer.model')):
+    return
+  try:
+    own = load_tokenizer(model_dir)
+  except (OSError, RuntimeError, ValueError):   # a broken own tokenizer: the given one replaces it
+    return
+  if (own.vocab_size, own.eos_id) != (tokenizer.vocab_size, tokenizer.eos_id):
+    raise SetupError(
+        f'config.tokenizer.path={config.tokenizer.path}: not the tokenizer of model.path='
+        f'{model_dir} (vocabulary {tokenizer.vocab_size}, EOS id {tokenizer.eos_id}; the '
+        f"checkpoint's: {own.vocab_size}, {own.eos_id}); --config.tokenizer.path= uses the "
+        "checkpoint's")
 
 
 def load_task(config, tokenizer, skipped: list[str] | None = None):
