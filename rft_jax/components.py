@@ -147,7 +147,10 @@ def build(config, data: bool = True) -> Components:
     except FileNotFoundError as e:
       raise SetupError(f'config.init_from: {e}') from None
     except ValueError as e:   # not a checkpoint, or arrays config.model does not have
-      raise SetupError(f'config.init_from={config.init_from}: {str(e).splitlines()[0]}') from None
+      hint = ("; --config.init_from= starts from model.path's weights"
+              if config.model.get('path', '') else '')   # a recipe's init_from kept beside it
+      raise SetupError(f'config.init_from={config.init_from}: {str(e).splitlines()[0]}'
+                       + hint) from None
   elif config.model.get('path', ''):
     try:
       params = hf_checkpoint.load_hf_params(config.model.path, model_cfg, shardings)

@@ -34,3 +34,13 @@ def test_another_tokenizer_beside_a_checkpoints_own_is_refused(llama_dir):
     components.check_setup(_config(llama_dir))
   components.check_setup(_config(llama_dir, **{'tokenizer.path': ''}))          # its own
   components.check_setup(_config(llama_dir, **{'tokenizer.path': llama_dir}))   # named
+
+
+def test_a_recipes_init_from_beside_model_path_names_the_fix(llama_dir):
+  """grpo_arith's init_from (the arithmetic base policy) kept beside a model.path: the shape
+  error now says how to start from the checkpoint's weights."""
+  config = _config(llama_dir, **{'tokenizer.path': ''})
+  config.init_from = api.load_config('grpo_arith:tiny').init_from
+  with pytest.raises(components.SetupError, match=r"does not match config.model: .*; "
+                                                  r"--config.init_from= starts from model.path"):
+    components.build(config, data=False)
