@@ -251,8 +251,10 @@ def _load_tokenizer(config):
 
 def _check_checkpoint_tokenizer(config, tokenizer) -> None:
   """SetupError when model.path holds its own tokenizer and config.tokenizer.path names another
-  whose vocabulary size or EOS differs: the checkpoint's embedding rows would be read as other
-  tokens, silently (e.g. grpo_arith's SentencePiece kept beside a Llama model.path)."""
+  of another vocabulary size: the checkpoint's embedding rows would be read as other tokens,
+  silently (e.g. grpo_arith's SentencePiece kept beside a Llama model.path). Another EOS alone
+  is no mismatch: a base checkpoint run with its instruct tokenizer (Llama 3 <|eot_id|>, Qwen2.5
+  <|im_end|>) shares its vocabulary."""
   model_dir = config.model.get('path', '')
   if not (config.tokenizer.path and model_dir) or not any(
       os.path.isfile(os.path.join(model_dir, f)) for f in ('tokenizer.json', 'tokenizer.model')):
@@ -261,7 +263,7 @@ def _check_checkpoint_tokenizer(config, tokenizer) -> None:
     own = load_tokenizer(model_dir)
   except (OSError, RuntimeError, ValueError):   # a broken own tokenizer: the given one replaces it
     return
-  if (own.vocab_size, own.eos_id) != (tokenizer.vocab_size, tokenizer.eos_id):
+  if own.vocab_size != tokenizer.vocab_size:
     raise SetupError(
         f'config.tokenizer.path={config.tokenizer.path}: not the tokenizer of model.path='
         f'{model_dir} (vocabulary {tokenizer.vocab_size}, EOS id {tokenizer.eos_id}; the '

@@ -1,9 +1,13 @@
 """A model.path checkpoint with its own tokenizer, run with a recipe's other tokenizer.path (e.g.
 grpo_arith's SentencePiece kept beside a Llama checkpoint): refused in one line, since the
 checkpoint's embedding rows would be read as other tokens. It trained silently before."""
+import json
+import shutil
+
 import pytest
 
 from rft_jax import api, components
+from rft_jax.tokenizer import load_tokenizer
 import tokenizer_fixtures as fx
 
 FIELDS = dict(vocab_size=448, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -44,3 +48,17 @@ def test_a_recipes_init_from_beside_model_path_names_the_fix(llama_dir):
   with pytest.raises(components.SetupError, match=r"does not match config.model: .*; "
                                                   r"--config.init_from= starts from model.path"):
     components.build(config, data=False)
+
+
+def test_the_checkpoints_instruct_tokenizer_with_another_eos_is_accepted(llama_dir, tmp_path):
+  """A base checkpoint (EOS <|end_of_text|>) run with its instruct tokenizer (EOS <|eot_id|>, the
+  same vocabulary): the same embedding rows, so no mismatch (it was refused for the EOS)."""
+  base = tmp_path / 'base'
+  shutil.copytree(llama_dir, base)
+  with open(base / 'tokenizer_config.json') as f:
+    tokenizer_config = json.load(f)
+  with open(base / 'tokenizer_config.json', 'w') as f:
+    json.dump({**tokenizer_config, 'eos_token': '<|end_of_text|>'}, f)
+  config = _config(str(base), **{'tokenizer.path': llama_dir})
+  assert load_tokenizer(llama_dir).eos_id != load_tokenizer(str(base)).eos_id
+  components.check_setup(config)
