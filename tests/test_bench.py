@@ -132,6 +132,7 @@ def test_bench_runs_the_gpu_preset_scaled_down(tmp_path, capsys):
     (['--warmup', '-1'], '--warmup=-1: must be >= 0'),
     (['--workload-json', '[1]'], 'expected a JSON object of workload fields, got list'),
     (['--workload-json', '{"group_size": 1}'], 'group_size=1: must be >= 2'),
+    (['--workload-json', '{"rows": 8}'], "unknown field 'rows'"),   # a property: TypeError
     (['--workload-json', '{"hidden_size": "x"}'], "hidden_size='x': expected int"),
     (['--workload-json', '{"dtype": "float16"}'], "dtype='float16': must be"),
     (['--recipe', 'configs/sft_arith.py:tiny'], 'for the GRPO-family recipes'),   # tracebacks

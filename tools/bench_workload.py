@@ -84,10 +84,10 @@ def with_fields(w: Workload, fields) -> Workload:
   first field that is unknown, of another type or out of range."""
   if not isinstance(fields, dict):
     raise ValueError(f'expected a JSON object of workload fields, got {type(fields).__name__}')
+  names = [f.name for f in dataclasses.fields(Workload)]
   for name, value in fields.items():
-    if not hasattr(w, name):
-      raise ValueError(f'unknown field {name!r}; fields: '
-                       + ', '.join(f.name for f in dataclasses.fields(Workload)))
+    if name not in names:   # not hasattr: 'rows' (a property) was a TypeError traceback
+      raise ValueError(f'unknown field {name!r}; fields: ' + ', '.join(names))
     want = type(getattr(w, name))
     if not (type(value) is want or want is float and type(value) is int):
       raise ValueError(f'{name}={value!r}: expected {want.__name__}')
