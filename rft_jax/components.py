@@ -96,11 +96,12 @@ def _check_chat_template(config, tokenizer) -> bool:
 def check_setup(config) -> None:
   """What `--validate_only` checks beyond the config, building nothing: the model section
   against model.path's config.json, its weight files (each opens; their headers hold every
-  tensor the model needs, of its shape and a float dtype), the tokenizer (it loads; its
+  tensor the model needs, of its shape and a float dtype; not with init_from, whose weights the
+  run reads instead), the tokenizer (it loads; its
   vocabulary fits the model) and, for GSM8K, both files of task.manual_dir (every line parsed)
   and the chat template. SetupError naming the key, file and record."""
   model_cfg = model_config(config)   # first: its message lists every field to set
-  if config.model.get('path', ''):
+  if config.model.get('path', '') and not config.init_from:   # else build reads init_from's
     try:   # every weight file opens (a download cut short fails here, not at load)
       hf_checkpoint.check_readable(config.model.path)
       hf_checkpoint.check_tensors(config.model.path, model_cfg)   # none missing, none odd

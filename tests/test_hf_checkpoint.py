@@ -356,9 +356,14 @@ def test_validate_only_checks_the_weight_files(hf_models, tmp_path):
   config = api.load_config('grpo_arith:tiny', {**fields, 'model.path': model_dir,
                                                'init_from': ''})
   components.check_setup(config)
+  from rft_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  checkpoint.save_params(str(tmp_path / 'params'), _load(model_dir)[2])
   os.remove(os.path.join(model_dir, hc.SINGLE))
   with pytest.raises(components.SetupError, match=f'no {hc.SINGLE} or {hc.INDEX}'):
     components.check_setup(config)
+  config.init_from = str(tmp_path / 'params')   # the run reads its weights there, not model.path's
+  components.check_setup(config)
+  components.build(config, data=False)
 
 
 @pytest.mark.parametrize('text,reason', [('{"weight_map": ', 'not valid JSON'),
