@@ -210,6 +210,8 @@ def _edited_copy(src, dst, **changes):
     ('llama', dict(num_hidden_layers=0), 'num_hidden_layers'),   # was accepted
     ('llama', dict(head_dim='16'), 'head_dim'),   # were TypeError/ValueError tracebacks
     ('qwen2', dict(rope_scaling='x'), 'rope_scaling'),
+    ('qwen2', dict(rope_parameters={'rope_type': 'default', 'rope_theta': 0}),   # was 10000
+     'rope_parameters.rope_theta'),
 ])
 def test_unsupported_config_is_one_line_error(hf_models, tmp_path, name, changes, field):
   model_dir = _edited_copy(hf_models[name][1], tmp_path / 'm', **changes)

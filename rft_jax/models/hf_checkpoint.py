@@ -87,7 +87,8 @@ def _rope(hf: dict, path: str) -> tuple[float, tuple | None]:
   or v5 (`rope_parameters`) fields; rope type key `rope_type` or legacy `type`."""
   params = dict(hf.get('rope_parameters') or {})
   scaling = dict(hf.get('rope_scaling') or params)
-  theta = hf.get('rope_theta') or params.get('rope_theta') or 10000.0
+  theta = next((t for t in (hf.get('rope_theta'), params.get('rope_theta')) if t is not None),
+               10000.0)   # not `or`: a theta of 0 became 10000 instead of an error
   kind = scaling.get('rope_type', scaling.get('type', 'default'))
   field = 'rope_scaling' if hf.get('rope_scaling') else 'rope_parameters'
   partial = scaling.get('partial_rotary_factor', hf.get('partial_rotary_factor', 1.0))
