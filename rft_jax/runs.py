@@ -149,16 +149,17 @@ def next_batch(data_it, step: int):
 
 
 def preempt(config, workdir: str, stop: StopRequest, step: int, hooks, ckpt: Checkpointer):
-  """After the stop's checkpoint was saved (and verified): run.png of the steps run, as at the
-  end of a run (~1-2 s, most of it importing matplotlib; the checkpoint is already safe should a
-  grace period run out meanwhile), sinks and checkpointer closed (close_stopped_run); then
-  raise Preempted. Its message is the stop's one line (the command line prints it, a notebook
-  shows the exception): which step, where its checkpoint is, how to resume. It is not also a
-  message to the hooks, which the console would print as a second line saying the same."""
+  """After the stop's checkpoint was saved (and verified): the stop's line to the hooks (the log
+  records why the run ended; the console leaves it to the command line, which prints the
+  exception), run.png of the steps run, as at the end of a run (~1-2 s, most of it importing
+  matplotlib; the checkpoint is already safe should a grace period run out meanwhile), sinks and
+  checkpointer closed (close_stopped_run); then raise Preempted with that line: which step,
+  where its checkpoint is, how to resume."""
+  line = (f'{stop.signal_name} after step {step}; its checkpoint is '
+          f'{os.path.join(ckpt.directory, str(step))}; run the same command again to resume')
+  hooks.on_stop(line)
   close_stopped_run(config, workdir, hooks, ckpt)
-  raise Preempted(f'{stop.signal_name} after step {step}; its checkpoint is '
-                  f'{os.path.join(ckpt.directory, str(step))}; run the same command again to '
-                  'resume')
+  raise Preempted(line)
 
 
 def init_state(params, tx, state_shardings, controls=None, monitor=None) -> ts.TrainState:

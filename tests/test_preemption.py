@@ -157,6 +157,9 @@ def test_sigterm_stops_an_sft_run_with_a_checkpoint(tmp_path):
   assert stops == [f'stopped: SIGTERM after step {k}; its checkpoint is '
                    f'{os.path.join(workdir, "checkpoints", str(k))}; run the same command again '
                    'to resume'], out + err
+  logged = [r['text'] for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'),
+                                          kind='message')]
+  assert stops[0].removeprefix('stopped: ') in logged   # the log says why the run ended
 
 
 def test_sigterm_during_setup_exits_75_at_once(tmp_path):

@@ -145,6 +145,9 @@ class ConsoleSink(Hook):
   def on_message(self, text):
     self._print(str(text))
 
+  def on_stop(self, text):
+    """Not printed: the command line prints the Preempted exception's line, the same text."""
+
   def on_incident(self, step, incident):
     self._print(describe_incident(step, incident))
 

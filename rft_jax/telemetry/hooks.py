@@ -48,6 +48,11 @@ class Hook:
   def on_message(self, text: str) -> None:
     """Called with a free-form notice ('resumed from step 50', a warning)."""
 
+  def on_stop(self, text: str) -> None:
+    """Called when a stop request (SIGTERM, Ctrl-C) ends the run after its checkpoint, with the
+    line the Preempted exception then carries. Default: on_message(text)."""
+    self.on_message(text)
+
   def on_incident(self, step: int, incident: Mapping[str, Any]) -> None:
     """Called when the failure monitor reports an incident or remediation takes an action.
 
@@ -100,6 +105,10 @@ class HookList(Hook):
   def on_message(self, text):
     for hook in self.hooks:
       hook.on_message(text)
+
+  def on_stop(self, text):
+    for hook in self.hooks:
+      hook.on_stop(text)
 
   def on_incident(self, step, incident):
     for hook in self.hooks:
