@@ -1,5 +1,6 @@
 """The reference policy across remediation's resets, their escalation and undo, in live runs
 (scripted decisions; the monitor deciding them itself: test_monitor_live.py)."""
+import gc
 import json
 import os
 import shutil
@@ -122,7 +123,8 @@ def test_an_undone_reference_reset_goes_back_to_the_reference_before_it(tmp_path
 class ParamCopies(Hook):
   """How many params' worth of distinct device buffers shaped like the model's params are
   alive at the end of each step (aliases of one buffer, e.g. orbax's views of the arrays it
-  saved, count once)."""
+  saved, count once), leaving out those alive before the run: an earlier test's in the same
+  process (held here, so that no new buffer can reuse their addresses)."""
 
   def __init__(self, config):
     _, abstract = lm.abstract_params(components.model_config(config))
@@ -130,11 +132,15 @@ class ParamCopies(Hook):
     self.kinds = {(tuple(x.shape), x.dtype) for x in leaves}
     self.nbytes = sum(x.size * x.dtype.itemsize for x in leaves)
     self.copies = {}
+    gc.collect()
+    self.before = {x.unsafe_buffer_pointer(): x for x in self._shaped()}
+
+  def _shaped(self):
+    return [x for x in jax.live_arrays() if (x.shape, x.dtype) in self.kinds]
 
   def on_step(self, step, metrics):
-    live = {x.unsafe_buffer_pointer(): x.nbytes for x in jax.live_arrays()
-            if (x.shape, x.dtype) in self.kinds}
-    self.copies[step] = sum(live.values()) / self.nbytes
+    live = {x.unsafe_buffer_pointer(): x.nbytes for x in self._shaped()}
+    self.copies[step] = sum(n for p, n in live.items() if p not in self.before) / self.nbytes
 
 
 def _holds(workdir, steps):
