@@ -245,8 +245,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
           progress: bool = True) -> Run:
   """Trains `config` (validated again; not modified) and returns the Run.
 
-  workdir: None = a new temporary directory, so every call trains from scratch; an existing
-  run's directory resumes it (or, when it is complete, returns it without training).
+  workdir: None (or '') = a new temporary directory, so every call trains from scratch; an
+  existing run's directory (`~` expanded) resumes it, or returns it untouched when complete.
   progress: the console display (a progress bar in a terminal, or in Jupyter/Colab where
   ipywidgets is installed; plain lines otherwise); False = quiet.
   """
@@ -254,8 +254,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
   config_lib.validate(config)
   if not progress:
     config.telemetry.console = False
-  if workdir is None:
-    workdir = tempfile.mkdtemp(prefix=f'rft_jax-{config.name}-')
+  workdir = os.path.expanduser(workdir or tempfile.mkdtemp(prefix=f'rft_jax-{config.name}-'))
   from rft_jax import compile_cache  # pylint: disable=g-import-not-at-top
   compile_cache.enable()   # as the CLI: the next train() in this kernel, or a new one, loads
   recorder = Recorder()
@@ -273,6 +272,7 @@ def open_run(workdir: str, config: ml_collections.ConfigDict | None = None) -> R
   config: the run's recipe, needed by `Run.policy`; by default the one the run's latest
   invocation recorded in workdir/config.json (values JSON cannot hold were written as strings;
   its mesh is replaced by one that fits the devices present when `policy` loads)."""
+  workdir = os.path.expanduser(workdir)
   path = os.path.join(workdir, 'metrics.jsonl')
   if not os.path.isfile(path):
     raise FileNotFoundError(f'{workdir}: no metrics.jsonl (not a run directory?)')

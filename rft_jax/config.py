@@ -40,8 +40,25 @@ def is_dpo(config: ml_collections.ConfigDict) -> bool:
   return 'dpo' in config
 
 
+# Config keys that name files or directories: a leading `~` is expanded (expand_user_paths).
+PATH_KEYS = ('tokenizer.path', 'init_from', 'model.path', 'task.data_dir', 'task.manual_dir')
+
+
+def expand_user_paths(config: ml_collections.ConfigDict) -> None:
+  """Expands a leading `~` in config's PATH_KEYS in place, as a shell would: the shell leaves
+  `--config.model.path=~/m` alone, and a recipe or notebook string is never expanded."""
+  for key in PATH_KEYS:
+    section, _, name = key.rpartition('.')
+    holder = config.get(section) if section else config
+    value = holder.get(name) if isinstance(holder, ml_collections.ConfigDict) else None
+    if isinstance(value, str) and value.startswith('~'):
+      holder[name] = os.path.expanduser(value)
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Raises ConfigError naming the first bad key of `config`; returns None if it is usable."""
+  """Raises ConfigError naming the first bad key of `config`; returns None if it is usable.
+  Its one change to `config`: a leading `~` in a path is expanded (expand_user_paths)."""
+  expand_user_paths(config)
   if is_sft(config) or is_dpo(config):   # run only by the RL loop: here they would do nothing
     for name in OPTIONAL_SECTIONS:
       if name in config:

@@ -180,7 +180,8 @@ def parse_command_line(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, 
     raise UsageError(f'unexpected argument {rest[1]!r}')
   if flag_values.workdir.startswith('-'):   # `--workdir --validate_only`: absl takes the flag
     raise UsageError(f'--workdir needs a directory; it got the flag {flag_values.workdir!r}')
-  workdir = flag_values.workdir or os.path.join('runs', config.name)
+  config_lib.expand_user_paths(config)   # `--config.model.path=~/m`: the shell leaves the `~`
+  workdir = os.path.expanduser(flag_values.workdir) or os.path.join('runs', config.name)
   return config, workdir, flag_values.validate_only
 
 

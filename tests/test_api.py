@@ -125,7 +125,7 @@ def test_recorder_keeps_what_the_jsonl_sink_writes(tmp_path):
                for k in have)
 
 
-def test_a_rewound_run_reads_as_its_final_trajectory(tmp_path):
+def test_a_rewound_run_reads_as_its_final_trajectory(tmp_path, monkeypatch):
   """metrics.jsonl after an `auto` remediation rewind: train 1..6 with evals at 4 and 6, the
   incident and the restore, then 5..8 again (other values) and an eval at 8. history/evals/
   series are each step once as re-run, the abandoned eval at 6 dropped; records, incidents and
@@ -164,6 +164,9 @@ def test_a_rewound_run_reads_as_its_final_trajectory(tmp_path):
                        match=rf'^{tmp_path}/{name}: (not valid JSON|expected a JSON obj)'):
       api.open_run(str(tmp_path))
     (tmp_path / name).unlink()
+
+  monkeypatch.setenv('HOME', str(tmp_path.parent))   # open_run('~/run') as a notebook writes it
+  assert api.open_run(f'~/{tmp_path.name}').workdir == str(tmp_path)
 
 
 def test_train_leaves_the_config_alone(trained):

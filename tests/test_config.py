@@ -257,6 +257,23 @@ def test_init_from_must_be_a_directory(grpo, assets):
   assert str(_error(grpo)).startswith("config.init_from='/no/such/dir': no such directory")
 
 
+def test_a_leading_tilde_in_a_path_is_the_home_directory(grpo, assets, tmp_path, monkeypatch):
+  """`--config.model.path=~/m` reaches the config unexpanded (the shell expands `~` only at the
+  start of a word): validate expands it in every path key, as the tokenizer loader does."""
+  monkeypatch.setenv('HOME', str(tmp_path))
+  grpo.tokenizer.path, grpo.init_from = '~/tok.model', '~/base'   # the assets, under tmp_path
+  config_lib.validate(grpo)
+  assert (grpo.tokenizer.path, grpo.init_from) == assets
+  (tmp_path / 'm').mkdir()
+  (tmp_path / 'm' / 'config.json').write_text('{}')
+  grpo.model.path = '~/m'
+  config_lib.validate(grpo)
+  assert grpo.model.path == str(tmp_path / 'm')
+  grpo.task.name, grpo.task.manual_dir = 'gsm8k', '~/base'
+  config_lib.validate(grpo)
+  assert grpo.task.manual_dir == assets[1]
+
+
 # --- validate(): monitor, telemetry and rules ----------------------------------------------
 
 def test_monitor_mode_and_faults(grpo):

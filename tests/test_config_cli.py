@@ -148,6 +148,17 @@ def test_main_default_workdir_and_overrides(monkeypatch, assets):
   assert config.train.steps == 6   # the :tiny variant
 
 
+def test_a_leading_tilde_in_the_workdir_and_paths_is_expanded(monkeypatch, assets, tmp_path):
+  """`--workdir=~/w` and `--config.tokenizer.path=~/tok.model` reach main unexpanded (the shell
+  expands `~` only at the start of a word); main expands them (was a directory named `~`)."""
+  monkeypatch.chdir(REPO)
+  monkeypatch.setenv('HOME', str(tmp_path))
+  argv = ['main', '--config=configs/sft_arith.py:tiny', '--config.tokenizer.path=~/tok.model',
+          '--workdir=~/w']
+  config, workdir, _ = main_lib.parse_command_line(argv)
+  assert (config.tokenizer.path, workdir) == (assets[0], str(tmp_path / 'w'))
+
+
 def test_a_shipped_recipe_by_name_from_any_directory(monkeypatch, tmp_path):
   """--config grpo_arith:tiny (as api.load_config takes it) is the repository's recipe file,
   with overrides, also when run outside the repository; an unknown name is the usual error."""
