@@ -318,12 +318,12 @@ def test_tool_inspect_exits_non_zero_when_rft_jax_cannot_load_or_read(hf_models,
   run = lambda d: subprocess.run([sys.executable, '-m', 'tools.checkpoint', 'inspect', str(d)],
                                  cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   done = run(gelu)
-  assert done.returncode != 0 and 'loadable by rft_jax: no (' in done.stdout, done
+  assert done.returncode == 1 and 'loadable by rft_jax: no (' in done.stdout, done
   assert ' tensors, ' in done.stdout   # the report is still printed
   assert re.fullmatch(r"error: not loadable by rft_jax: .*config.json: hidden_act='gelu': "
                       r"only 'silu' .*\n", done.stderr), done.stderr
   done = run(truncated)
-  assert done.returncode != 0 and done.stdout == '', done
+  assert done.returncode == 1 and done.stdout == '', done
   assert re.fullmatch(rf'error: {re.escape(str(weights))}: cannot read its tensors '
                       r'\(SafetensorError: .*\)\n', done.stderr), done.stderr
 

@@ -1,6 +1,8 @@
 """Writing a params directory (tools.checkpoint convert, tools.export_base) never deletes a
 directory that is not one: a mistyped --out was replaced whole (export_base rmtree'd it, orbax's
 forced save cleared it), e.g. `--out rft_jax` deleted the package."""
+import re
+
 import jax.numpy as jnp
 import pytest
 
@@ -30,17 +32,22 @@ def test_save_params_refuses_another_directory_and_replaces_its_own(tmp_path):
   checkpoint.save_params(str(tmp_path / 'empty'), {'w': jnp.ones(3)})
 
 
-def test_tools_refuse_an_out_that_is_not_a_params_directory(tmp_path):
+def test_tools_refuse_an_out_that_is_not_a_params_directory(tmp_path, capsys):
   from tools import checkpoint as tool  # pylint: disable=g-import-not-at-top
   from tools import export_base  # pylint: disable=g-import-not-at-top
   victim = _victim(tmp_path)
-  with pytest.raises(SystemExit, match='--out .* is not a parameter checkpoint'):
-    tool.main(['convert', str(tmp_path / 'no-model'), '--out', str(victim)])
-  with pytest.raises(SystemExit, match='--out .* is not a parameter checkpoint'):
-    export_base.main(['--config', 'configs/sft_arith.py:tiny', '--workdir',
-                      str(tmp_path / 'no-run'), '--out', str(victim)])
+  def refused(call, pattern):   # bad input: exit 2 and one line
+    with pytest.raises(SystemExit) as info:
+      call()
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and re.fullmatch(pattern, err), err
+  refused(lambda: tool.main(['convert', str(tmp_path / 'no-model'), '--out', str(victim)]),
+          'error: --out .* is not a parameter checkpoint.*\n')
+  refused(lambda: export_base.main(['--config', 'configs/sft_arith.py:tiny', '--workdir',
+                                    str(tmp_path / 'no-run'), '--out', str(victim)]),
+          'error: --out .* is not a parameter checkpoint.*\n')
   assert (victim / 'notes.txt').read_text() == 'keep me'
-  with pytest.raises(SystemExit, match='no checkpoint in .*no-run/checkpoints'):
-    export_base.main(['--config', 'configs/sft_arith.py:tiny', '--workdir',
-                      str(tmp_path / 'no-run'), '--out', str(tmp_path / 'new')])
+  refused(lambda: export_base.main(['--config', 'configs/sft_arith.py:tiny', '--workdir',
+                                    str(tmp_path / 'no-run'), '--out', str(tmp_path / 'new')]),
+          'error: no checkpoint in .*no-run/checkpoints.*\n')
   assert not (tmp_path / 'no-run').exists()   # Checkpointer had created it

@@ -1,6 +1,7 @@
 """tools/: export and export_base take the run's `--config.a.b=v` overrides; every tool imports."""
 import json
 import os
+import re
 
 import pytest
 
@@ -27,6 +28,15 @@ def run_dir(tmp_path_factory):
   return workdir
 
 
+def _bad_input(capsys, call, pattern):
+  """call() exits 2 (bad input, as argparse and rft_jax.main) with one stderr line matching
+  pattern (tools.checkpoint and tools.export_base exited 1)."""
+  with pytest.raises(SystemExit) as info:
+    call()
+  err = capsys.readouterr().err
+  assert info.value.code == 2 and err.count('\n') == 1 and re.match(pattern, err), err
+
+
 def export(run_dir, out, *overrides):
   checkpoint_tool.main(['export', '--config', RECIPE, '--workdir', run_dir, '--out', str(out),
                         *overrides])
@@ -41,33 +51,39 @@ def test_export_applies_the_runs_overrides(run_dir, tmp_path):
                 '--config.model.dtype=bfloat16')['torch_dtype'] == 'bfloat16'
 
 
-def test_export_reads_no_task_data_and_setup_errors_are_one_line(run_dir, tmp_path):
+def test_export_reads_no_task_data_and_setup_errors_are_one_line(run_dir, tmp_path, capsys):
   # The task's data is not needed (a GSM8K run's manual_dir need not be given again) ...
   (tmp_path / 'a_file').write_text('')   # a data_dir no dataset can be prepared in
   assert export(run_dir, tmp_path / 'nodata', f'--config.task.data_dir={tmp_path / "a_file"}')
   # ... and a model that does not fit the run is one line, not a traceback.
-  with pytest.raises(SystemExit, match=r'^error: config.tokenizer.path'):
-    export(run_dir, tmp_path / 'z', '--config.tokenizer.path=/no/such/tokenizer.model')
+  _bad_input(capsys, lambda: export(run_dir, tmp_path / 'z',
+                                    '--config.tokenizer.path=/no/such/tokenizer.model'),
+             r'^error: config.tokenizer.path')
 
 
-def test_export_override_errors_are_one_line(run_dir, tmp_path):
-  with pytest.raises(SystemExit, match=r"^error: unknown config key 'model.dtyp' in "
-                                       r"--config.model.dtyp=bfloat16.*dtype"):
-    export(run_dir, tmp_path / 'x', '--config.model.dtyp=bfloat16')
-  with pytest.raises(SystemExit):   # argparse: a stray flag that is not a config override
+def test_export_override_errors_are_one_line(run_dir, tmp_path, capsys):
+  _bad_input(capsys, lambda: export(run_dir, tmp_path / 'x', '--config.model.dtyp=bfloat16'),
+             r"^error: unknown config key 'model.dtyp' in --config.model.dtyp=bfloat16.*dtype")
+  with pytest.raises(SystemExit) as info:   # argparse: a stray flag, not a config override
     export(run_dir, tmp_path / 'y', '--dtipe=bfloat16')
-  with pytest.raises(SystemExit):   # overrides only mean something to export
+  assert info.value.code == 2
+  with pytest.raises(SystemExit) as info:   # overrides only mean something to export
     checkpoint_tool.main(['inspect', str(tmp_path), '--config.model.dtype=bfloat16'])
+  assert info.value.code == 2
 
 
-def test_export_base_takes_overrides(run_dir, tmp_path):
+def test_export_base_takes_overrides(run_dir, tmp_path, capsys):
   out = tmp_path / 'base'
   export_base.main(['--config', RECIPE, '--workdir', run_dir, '--out', str(out),
                     '--config.train.steps=7'])
   assert os.path.isfile(os.path.join(out, '_CHECKPOINT_METADATA'))
-  with pytest.raises(SystemExit, match=r"^error: unknown config key 'train.stepz'"):
-    export_base.main(['--config', RECIPE, '--workdir', run_dir, '--out', str(out),
-                      '--config.train.stepz=7'])
+  base = ['--config', RECIPE, '--workdir', run_dir, '--out', str(out)]
+  _bad_input(capsys, lambda: export_base.main(base + ['--config.train.stepz=7']),
+             r"^error: unknown config key 'train.stepz'")
+  _bad_input(capsys, lambda: export_base.main(base + ['--config.tokenizer.path=/no/tok']),
+             r'^error: config.tokenizer.path')   # was a SetupError traceback
+  _bad_input(capsys, lambda: export_base.main(base + ['--step', '5']),
+             r'^error: no checkpoint of step 5 in ')
 
 
 def test_every_tool_module_imports():
@@ -84,19 +100,25 @@ def test_every_tool_module_imports():
   assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_export_of_a_missing_step_or_another_runs_checkpoint_is_one_line(run_dir, tmp_path):
-  with pytest.raises(SystemExit, match=r'^error: no checkpoint at step 5 in .* \(there: 1\)$'):
-    export(run_dir, tmp_path / 'x', '--step', '5')
+def test_export_of_a_missing_step_or_another_runs_checkpoint_is_one_line(run_dir, tmp_path,
+                                                                         capsys):
+  _bad_input(capsys, lambda: export(run_dir, tmp_path / 'x', '--step', '5'),
+             r'^error: no checkpoint at step 5 in .* \(there: 1\)$')
   wider = ['--config.model.intermediate_size=96', '--config.init_from=']
-  with pytest.raises(SystemExit, match=r'^error: checkpoint 1 in .* does not fit this config'):
-    export(run_dir, tmp_path / 'y', *wider)   # no config.json: the shapes are compared
+  _bad_input(capsys, lambda: export(run_dir, tmp_path / 'y', *wider),   # no config.json:
+             r'^error: checkpoint 1 in .* does not fit this config')   # shapes compared
   runs.record_workdir_config(export_base.load_config(RECIPE), run_dir)
   try:
-    with pytest.raises(SystemExit, match=r'^error: config.model.intermediate_size=96 does not '
-                       r'match the run in .*: give export the recipe and the'):
-      export(run_dir, tmp_path / 'z', *wider)
+    _bad_input(capsys, lambda: export(run_dir, tmp_path / 'z', *wider),
+               r'^error: config.model.intermediate_size=96 does not match the run in .*: give '
+               r'export the recipe and the')
   finally:
     os.remove(os.path.join(run_dir, runs.RUN_CONFIG))
+
+
+def test_inspect_of_a_directory_that_holds_no_checkpoint_is_bad_input(tmp_path, capsys):
+  _bad_input(capsys, lambda: checkpoint_tool.main(['inspect', str(tmp_path)]),
+             r'^error: .* is neither a HF model dir')
 
 
 def test_inspect_a_run_checkpoint_step(run_dir, capsys):

@@ -4,9 +4,9 @@
       DIR: a HF model dir (config.json + safetensors) or an orbax pytree dir (a params dir such
       as rft_jax/assets/arith_base, or a run's RUN/checkpoints/<step> or its state). Prints
       family, config, each tensor's shape and dtype, and the parameter count; for a HF dir
-      whether rft_jax loads it (its config and every tensor's name and shape). Exits non-zero
-      with the reason as its last line (stderr) when rft_jax cannot load it, or a file cannot
-      be read (e.g. a truncated safetensors file).
+      whether rft_jax loads it (its config and every tensor's name and shape). Exits 1 with
+      the reason as its last line (stderr) when rft_jax cannot load it, or a file cannot be
+      read (e.g. a truncated safetensors file).
   python -m tools.checkpoint export --config configs/X.py --workdir RUN --out DIR \
       [--step N] [--dtype bfloat16|float32] [--max-shard-gb 2] [--config.a.b=v ...]
       The params of RUN's latest (or --step) checkpoint as a HF dir that transformers and vLLM
@@ -15,15 +15,27 @@
       started with (e.g. --config.model.path=...): the model is built from the config.
   python -m tools.checkpoint convert HF_DIR --out DIR
       A HF dir's params as an orbax params dir (for `init_from`, with model.path = HF_DIR).
+
+Exit status, as rft_jax.main's: 2 bad input (a bad argument, config or --out, a run directory
+without that checkpoint, a HF dir rft_jax does not load), one line naming it; 1 a failure while
+working (and inspect's verdict: not loadable, or unreadable).
 """
 import argparse
 import json
 import math
 import os
 import shutil
+import sys
 
 # config.json fields carried from the source dir on export (the model fields are rewritten).
 _CARRIED_FIELDS = ('bos_token_id', 'eos_token_id', 'pad_token_id')
+USAGE_ERROR = 2   # bad input, as argparse and rft_jax.main
+
+
+def usage_exit(message: str) -> SystemExit:
+  """Prints `error: message` on stderr; returns the SystemExit (status 2, bad input) to raise."""
+  print(f'error: {message}', file=sys.stderr)
+  return SystemExit(USAGE_ERROR)
 
 
 def inspect(path: str) -> None:
@@ -31,8 +43,8 @@ def inspect(path: str) -> None:
   if not os.path.isfile(os.path.join(path, hc.CONFIG)):
     return _inspect_orbax(path)
   from safetensors import safe_open  # pylint: disable=g-import-not-at-top
-  hf = hc.read_config_json(path)
   try:   # a damaged file: one line naming it, not a traceback
+    hf = hc.read_config_json(path)
     hc.check_readable(path)
   except hc.HFCheckpointError as e:
     raise SystemExit(f'error: {e}') from None
@@ -66,13 +78,13 @@ def _inspect_orbax(path: str) -> None:
   if os.path.isfile(os.path.join(path, 'state', '_METADATA')):
     path = os.path.join(path, 'state')   # a run's checkpoint step: its train state
   if not os.path.isfile(os.path.join(path, '_METADATA')):
-    raise SystemExit(f'error: {path} is neither a HF model dir (config.json) nor an orbax '
-                     'pytree dir (_METADATA), nor a run checkpoint step (state/_METADATA)')
+    raise usage_exit(f'{path} is neither a HF model dir (config.json) nor an orbax pytree '
+                     'dir (_METADATA), nor a run checkpoint step (state/_METADATA)')
   logging.set_verbosity(logging.ERROR)   # orbax warns that an item dir has no step metadata
   with ocp.PyTreeCheckpointer() as ckptr:
     tree = ckptr.metadata(os.path.abspath(path)).item_metadata
   if not jax.tree_util.tree_leaves(tree):
-    raise SystemExit(f'error: {path}: orbax metadata lists no arrays')
+    raise usage_exit(f'{path}: orbax metadata lists no arrays')
   total = 0
   for keys, leaf in jax.tree_util.tree_leaves_with_path(tree):
     total += math.prod(leaf.shape)
@@ -90,27 +102,27 @@ def export(args) -> None:
   try:
     c = components.build(config, data=False)   # the task's data is not needed to export
   except components.SetupError as e:
-    raise SystemExit(f'error: {e}') from None
+    raise usage_exit(str(e)) from None
   tx = ts.make_optimizer(config.optim)
   shardings = runs.state_shardings(c, tx)
   try:   # the run's config.json: another recipe or model is named in one line
     runs.check_workdir_config(config, args.workdir, advice='give export the recipe and the '
                               '--config.a.b=v overrides the run was started with')
   except components.SetupError as e:
-    raise SystemExit(f'error: {e}') from None
+    raise usage_exit(str(e)) from None
   if not os.path.isdir(os.path.join(args.workdir, 'checkpoints')):   # Checkpointer creates it
-    raise SystemExit(f'error: no checkpoint in {args.workdir}/checkpoints (not a run directory?)')
+    raise usage_exit(f'no checkpoint in {args.workdir}/checkpoints (not a run directory?)')
   ckpt = checkpoint.Checkpointer(os.path.join(args.workdir, 'checkpoints'))
   steps = ckpt.all_steps()
   step = args.step if args.step is not None else ckpt.latest_step()
   if step is None or step not in steps:
     where = f'at step {step} ' if step is not None else ''
-    raise SystemExit(f'error: no checkpoint {where}in {args.workdir}/checkpoints (there: '
+    raise usage_exit(f'no checkpoint {where}in {args.workdir}/checkpoints (there: '
                      f'{", ".join(map(str, steps)) or "none"})')
   try:
     state, *_ = ckpt.restore(step, runs.init_state(c.params, tx, shardings), shardings)
   except ValueError as e:   # shapes of a run this config does not build (no config.json)
-    raise SystemExit(f'error: checkpoint {step} in {args.workdir} does not fit this config '
+    raise usage_exit(f'checkpoint {step} in {args.workdir} does not fit this config '
                      f'({str(e).splitlines()[0]})') from None
   source = config.model.get('path', '')
   architecture, extra = None, {}
@@ -137,7 +149,7 @@ def convert(args) -> None:
   try:   # before reading the weights: orbax's save replaces the whole --out directory
     checkpoint.check_params_out(args.out)
   except FileExistsError as e:
-    raise SystemExit(f'error: --out {e}') from None
+    raise usage_exit(f'--out {e}') from None
   cfg = hc.load_hf_config(args.hf_dir)
   mesh = meshlib.make_mesh({'data': 1, 'fsdp': -1, 'tensor': 1})
   _, abstract = functional.abstract_params(cfg)
@@ -174,8 +186,8 @@ def main(argv=None):
       inspect(args.dir)
     else:
       (export if args.command == 'export' else convert)(args)
-  except HFCheckpointError as e:
-    raise SystemExit(f'error: {e}') from None
+  except HFCheckpointError as e:   # export's model.path, convert's HF_DIR: not one rft_jax loads
+    raise usage_exit(str(e)) from None
 
 
 if __name__ == '__main__':

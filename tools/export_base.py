@@ -5,6 +5,7 @@
 
 The GRPO recipe's `init_from` points at such a directory. Without --step the latest checkpoint
 is used. `--config.a.b=v` overrides are the run's own (as given to `python -m rft_jax.main`).
+Exit status 2 on bad input (one line naming it), 1 on a failure while working.
 """
 import argparse
 import os
@@ -14,6 +15,7 @@ import shutil
 
 from rft_jax import checkpoint, components, runs
 from rft_jax.algorithms import train_state as ts
+from tools.checkpoint import usage_exit
 
 
 def load_config(path: str, overrides=()):
@@ -24,7 +26,7 @@ def load_config(path: str, overrides=()):
   try:
     config, _, _ = cli.parse_command_line(['export', '--config', path, *overrides])
   except cli.UsageError as e:
-    raise SystemExit(f'error: {e}') from None
+    raise usage_exit(str(e)) from None
   return config
 
 
@@ -45,21 +47,24 @@ def main(argv=None):
   ap.add_argument('--step', type=int, default=None)
   args, overrides = parse_with_overrides(ap, argv)
   config = load_config(args.config, overrides)
-  c = components.build(config)
+  try:
+    c = components.build(config)
+  except components.SetupError as e:   # a file, the mesh: one line, as rft_jax.main's
+    raise usage_exit(str(e)) from None
   tx = ts.make_optimizer(config.optim)
   shardings = runs.state_shardings(c, tx)
   like = runs.init_state(c.params, tx, shardings)
   try:   # before anything is read: a mistyped --out was deleted whole (rmtree)
     checkpoint.check_params_out(args.out)
   except FileExistsError as e:
-    raise SystemExit(f'error: --out {e}') from None
+    raise usage_exit(f'--out {e}') from None
   directory = os.path.join(args.workdir, 'checkpoints')
   if not os.path.isdir(directory):   # Checkpointer would create it
-    raise SystemExit(f'error: no checkpoint in {directory} (not a run directory?)')
+    raise usage_exit(f'no checkpoint in {directory} (not a run directory?)')
   ckpt = checkpoint.Checkpointer(directory)
   step = args.step if args.step is not None else ckpt.latest_step()
   if step is None or step not in ckpt.all_steps():   # --step 99 was a FileNotFoundError
-    raise SystemExit(f'error: no checkpoint {"" if step is None else f"of step {step} "}in '
+    raise usage_exit(f'no checkpoint {"" if step is None else f"of step {step} "}in '
                      f'{directory} (there: {ckpt.all_steps() or "none"})')
   state, _, meta, _ = ckpt.restore(step, like, shardings)
   if os.path.exists(args.out):
