@@ -116,9 +116,16 @@ def test_export_of_a_missing_step_or_another_runs_checkpoint_is_one_line(run_dir
     os.remove(os.path.join(run_dir, runs.RUN_CONFIG))
 
 
-def test_inspect_of_a_directory_that_holds_no_checkpoint_is_bad_input(tmp_path, capsys):
+def test_inspect_of_a_directory_that_holds_no_checkpoint_is_bad_input(tmp_path, capsys,
+                                                                     monkeypatch):
   _bad_input(capsys, lambda: checkpoint_tool.main(['inspect', str(tmp_path)]),
              r'^error: .* is neither a HF model dir')
+  missing = tmp_path / 'no' / 'such'   # said it was neither a HF dir nor an orbax dir
+  _bad_input(capsys, lambda: checkpoint_tool.main(['inspect', str(missing)]),
+             rf'^error: {missing} does not exist$')
+  monkeypatch.chdir(tmp_path)
+  _bad_input(capsys, lambda: checkpoint_tool.main(['inspect', 'no']),
+             rf'^error: no does not exist \(relative to {tmp_path}\)$')
 
 
 def test_inspect_a_run_checkpoint_step(run_dir, capsys):

@@ -40,6 +40,9 @@ def usage_exit(message: str) -> SystemExit:
 
 def inspect(path: str) -> None:
   from rft_jax.models import hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
+  if not os.path.exists(path):
+    where = '' if os.path.isabs(path) else f' (relative to {os.getcwd()})'
+    raise usage_exit(f'{path} does not exist{where}')
   if not os.path.isfile(os.path.join(path, hc.CONFIG)):
     return _inspect_orbax(path)
   from safetensors import safe_open  # pylint: disable=g-import-not-at-top
