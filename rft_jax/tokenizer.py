@@ -1,19 +1,17 @@
 """Tokenizers behind one small interface.
 
-Every tokenizer exposes ``vocab_size``, the special ids ``bos_id``,
-``eos_id``, ``pad_id`` and ``encode``/``decode``. ``decode`` drops pad, BOS and
-EOS ids but does not cut at EOS: callers that decode sampled completions cut
-at the first EOS themselves. ``bos_id`` is None for a tokenizer without a BOS
-token (Qwen2); ``add_bos`` is then a no-op.
+Every tokenizer exposes ``vocab_size``, the special ids ``bos_id``, ``eos_id``, ``pad_id`` and
+``encode``/``decode``. ``decode`` drops pad, BOS and EOS ids but does not cut at EOS: callers
+that decode sampled completions cut at the first EOS themselves. ``bos_id`` is None for a
+tokenizer without a BOS token (Qwen2); ``add_bos`` is then a no-op.
 
-The built-in arithmetic tokenizer (``rft_jax/assets/arith_spm.model``) is a
-SentencePiece model trained by ``tools/build_tokenizer.py`` with ids
-``pad=0, unk=1, bos=2, eos=3`` and one piece per digit.
+The built-in arithmetic tokenizer (``rft_jax/assets/arith_spm.model``) is a SentencePiece model
+trained by ``tools/build_tokenizer.py`` with ids ``pad=0, unk=1, bos=2, eos=3`` and one piece
+per digit.
 
-``HFTokenizer`` reads a Hugging Face model directory (Qwen2, Llama 2/3,
-Mistral): see its docstring for where each special token comes from.
-``load_tokenizer(path)`` picks the class: a ``.model`` file is a
-SentencePieceTokenizer, a directory is an HFTokenizer.
+``HFTokenizer`` reads a Hugging Face model directory (Qwen2, Llama 2/3, Mistral): see its
+docstring for where each special token comes from. ``load_tokenizer(path)`` picks the class: a
+``.model`` file is a SentencePieceTokenizer, a directory is an HFTokenizer.
 """
 
 import datetime
@@ -115,7 +113,7 @@ class HFTokenizer:
   mask still ends at the first EOS, so padding never looks like content. ``bos_id`` is None
   when there is no BOS (Qwen2). ``stop_ids`` lists every EOS id of ``generation_config.json``
   (e.g. Llama 3's ``<|end_of_text|>`` and ``<|eot_id|>``); the sampler stops at any of them
-  (SamplingConfig.stop_ids).
+  (SamplingConfig.stop_ids). One there that no token has (>= vocab_size) is a ValueError.
 
   A SentencePiece model follows transformers' ``legacy=False`` default (``legacy`` in
   ``tokenizer_config.json`` overrides): the SentencePiece dummy-prefix space is added at the
@@ -168,6 +166,9 @@ class HFTokenizer:
     self.bos_id, self.eos_id, self.unk_id = found['bos'], found['eos'], found['unk']
     self.pad_id = found['pad'] if found['pad'] is not None else self.eos_id
     stop = ids_from[0].get('eos_token_id', [])
+    if [i for i in stop if i >= self.vocab_size]:   # a stop id that can never be sampled
+      raise ValueError(f'{self.path}/generation_config.json: eos_token_id={stop}: {max(stop)} '
+                       f'is not a token (the vocabulary has {self.vocab_size} ids)')
     self.stop_ids = tuple(dict.fromkeys([self.eos_id] + stop))
     self._skip = frozenset(i for i in (self.bos_id, self.eos_id, self.pad_id) if i is not None)
     self._strings = {name: self._id_text(found[name]) for name in found}

@@ -199,3 +199,20 @@ def test_generation_config_eos_ids_null_negative_or_bad(tmp_path, value, stop):
     return
   tok = tok_lib.load_tokenizer(directory)
   assert tok.stop_ids == (eos,) and tok.pad_id == eos   # pad -1: none, so EOS pads
+
+
+def test_generation_config_eos_id_that_is_no_token_is_refused(tmp_path):
+  """An eos_token_id at or past the vocabulary could never be sampled: a ValueError naming the
+  file and key (was kept silently as a stop id). Real checkpoints' ids are tokens (Llama 3:
+  128001/128008/128009 of 128256; Qwen2.5: 151643/151645 of 151665, its model rows 151936)."""
+  directory = fx.write_llama3_tokenizer(str(tmp_path / 'l'))
+  tok = tok_lib.load_tokenizer(directory)
+  with open(os.path.join(directory, 'generation_config.json'), 'w') as f:
+    json.dump({'eos_token_id': [tok.eos_id, 0, tok.vocab_size - 1]}, f)   # the last id is one
+  assert tok.vocab_size - 1 in tok_lib.load_tokenizer(directory).stop_ids
+  with open(os.path.join(directory, 'generation_config.json'), 'w') as f:
+    json.dump({'eos_token_id': [tok.eos_id, tok.vocab_size]}, f)
+  with pytest.raises(ValueError, match=rf'^{directory}/generation_config.json: eos_token_id='
+                     rf'\[{tok.eos_id}, {tok.vocab_size}\]: {tok.vocab_size} is not a token '
+                     rf'\(the vocabulary has {tok.vocab_size} ids\)$'):
+    tok_lib.load_tokenizer(directory)
