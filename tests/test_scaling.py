@@ -316,6 +316,21 @@ def test_cli_fit_reports_a_short_run_and_a_missing_dir(tmp_path, capsys):
   assert 'no metrics.jsonl' in capsys.readouterr().err
 
 
+def test_cli_fit_of_several_runs_exits_1_naming_those_that_failed(tmp_path, capsys):
+  """The others' results are printed and written, then one line names the runs that could not
+  be fitted, exit 1 (was exit 0 with the error lost in the output)."""
+  write_run(tmp_path / 'good')
+  write_run(tmp_path / 'short', evals=3)
+  rc = cli.main(['fit', str(tmp_path / 'good'), str(tmp_path / 'nothing'), str(tmp_path / 'short'),
+                 '--n-boot', '20'])
+  out, err = capsys.readouterr()
+  assert rc == 1, err
+  assert 'A     =' in out and (tmp_path / 'good' / 'scaling' / 'scaling_fit.json').is_file()
+  assert err.splitlines()[-1] == (f'error: 2 of 3 runs could not be fitted: {tmp_path}/nothing, '
+                                  f'{tmp_path}/short')
+  assert cli.main(['fit', str(tmp_path / 'good'), '--n-boot', '20']) == 0
+
+
 def test_cli_plan_prints_assumptions(capsys):
   assert cli.main(['plan', '--budget', '1e20', '--model-params', '1.5e9']) == 0
   out = capsys.readouterr().out

@@ -29,7 +29,9 @@ DIR/scaling_fit.png (data, fit, 95% band, extrapolation to the target), DIR defa
 `plan` suggests a group size, prompts per step and steps for a FLOPs budget from IsoCompute-
 style rules (rft_jax.scaling.plan), printing its assumptions.
 
-Exit status: 0 when at least one fit (or the plan) succeeded; 2 with one-line errors otherwise.
+Exit status: 0 when every run was fitted (or the plan succeeded); 1 when some run could not be
+(its error printed, the others' results written; the last line names which); 2 with one-line
+errors when no run could be fitted, or on bad arguments.
 """
 
 from __future__ import annotations
@@ -221,13 +223,13 @@ def plot_fits(runs: Sequence[dict], path: str, target: float | None) -> None:
 def cmd_fit(args) -> int:
   if args.config:   # a bad --config is an error even where the runs' logged FLOPs make it unused
     load_config(args.config)
-  runs, errors = [], 0
+  runs, failed = [], []
   for run in args.runs:
     try:
       data = load_run(run, args.metric, args.config)
     except (UsageError, OSError, ValueError) as e:
       print(f'error: {e}', file=sys.stderr)
-      errors += 1
+      failed.append(run)
       continue
     data['fits'] = fit_run(data, args.model, args)
     runs.append(data)
@@ -265,6 +267,11 @@ def cmd_fit(args) -> int:
     json.dump(doc, f, indent=1, allow_nan=False)
   plot_fits(ok, png_path, args.target_compute)
   print(f'wrote {json_path} and {png_path}')
+  failed += [r['run'] for r in runs if r not in ok]   # loaded, but every fit failed
+  if failed:   # was exit 0 beside the others' results
+    print(f'error: {len(failed)} of {len(args.runs)} runs could not be fitted: '
+          f'{", ".join(failed)}', file=sys.stderr)
+    return 1
   return 0
 
 
