@@ -1,6 +1,7 @@
 """Fault injection (rft_jax/faults.py) and FaultBench scoring (tools/faultbench_score.py) on
 small hand-made inputs."""
 import dataclasses
+import json
 
 import jax.numpy as jnp
 import numpy as np
@@ -179,6 +180,24 @@ def test_scoring_by_hand():
   assert rows['lr_spike']['detected'] == 1 and rows['lr_spike']['delay_median'] == 2
   assert rows['lr_spike']['top1'] == 0.5
   assert rows['mask_shift']['top1'] == 0.0 and rows['mask_shift']['top3'] == 1.0
+
+
+def test_undefined_scores_are_none_and_shown_as_a_dash(tmp_path, capsys):
+  """No faulted run: recall and F1 are 0/0, and precision too when nothing is flagged. They are
+  None, shown as '—' (were 0.00, read as a monitor that misses everything)."""
+  o = fs.prf([rec('healthy'), rec('lr_schedule_step')])
+  assert (o['precision'], o['recall'], o['f1'], o['flag_all_f1'], o['never_flag_f1']) == (
+      None, None, None, None, None)
+  assert fs.prf([rec('healthy', [(3, 'kl_explosion')])])['precision'] == 0.0
+  missed = fs.prf([rec('lr_spike'), rec('healthy')])   # faulted, none flagged: F1 0, P undefined
+  assert (missed['precision'], missed['recall'], missed['f1']) == (None, 0.0, 0.0)
+  out = tmp_path / 'fb'
+  out.mkdir()
+  (out / 'results.jsonl').write_text(json.dumps(rec('healthy')) + '\n')
+  assert faultbench.main(['--rescore', '--out', str(out)]) == 0
+  report = (out / 'report.md').read_text()
+  assert '| all faults | — | — | — | — | — | 1 (0) |' in report, report
+  capsys.readouterr()
 
 
 def test_remediation_scoring_by_hand():

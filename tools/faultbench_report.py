@@ -14,8 +14,8 @@ HARDWARE = '2 CPU cores, no GPU'
 
 
 def _f(x, digits=2):
-  if x is None:
-    return '-'
+  if x is None:   # undefined (precision with no run flagged, a delay of no detection)
+    return '—'
   return f'{x:.{digits}f}' if isinstance(x, float) else str(x)
 
 
@@ -32,10 +32,11 @@ def write(out_dir: str, scores: dict, records: list[dict], command: str) -> str:
       '| | precision | recall | F1 | flag-everything F1 | never-flag F1 | runs (faulted) |',
       '|---|---|---|---|---|---|---|',
       f"| all faults | {_f(o['precision'])} | {_f(o['recall'])} | {_f(o['f1'])} | "
-      f"{_f(o['flag_all_f1'])} | 0.00 | {o['runs']} ({o['positives']}) |"]
+      f"{_f(o['flag_all_f1'])} | {_f(o['never_flag_f1'])} | {o['runs']} ({o['positives']}) |"]
   for fam, s in scores['families'].items():
     lines.append(f"| {fam} | {_f(s['precision'])} | {_f(s['recall'])} | {_f(s['f1'])} | "
-                 f"{_f(s['flag_all_f1'])} | 0.00 | {s['runs']} ({s['positives']}) |")
+                 f"{_f(s['flag_all_f1'])} | {_f(s['never_flag_f1'])} | {s['runs']} "
+                 f"({s['positives']}) |")
   modes = '; '.join(f"{m} mode {v['alarms']} in {v['healthy_steps']}"
                     for m, v in fa.get('by_mode', {}).items())
   lines += ['', f"False alarms: {_f(fa['per_1000_steps'])} per 1,000 healthy steps "

@@ -16,7 +16,9 @@ A run record (one line of results.jsonl, written by tools/faultbench.py) holds:
 Definitions (run level):
   flagged      a faulted run is flagged when an incident fires at or after its onset; a healthy
                or benign run when any incident fires
-  precision/recall/F1   faulted runs are the positives; healthy and benign runs the negatives
+  precision/recall/F1   faulted runs are the positives; healthy and benign runs the negatives.
+               None where undefined: precision with no run flagged, recall and F1 (and the
+               baselines' F1) with no faulted run; F1 = 2 TP / (2 TP + FP + FN)
   baselines    flag-everything (recall 1, precision = share of faulted runs) and never-flag (0)
   false alarms per 1,000 healthy steps   incidents in healthy and benign runs, plus incidents
                before onset in faulted runs, per step of those stretches the monitor observed,
@@ -66,19 +68,20 @@ def diagnosis(r: dict) -> tuple[bool, bool]:
           any(c in expected for c in classes[:3]))
 
 
-def prf(records: list[dict]) -> dict[str, float]:
-  """Precision, recall, F1 with faulted runs as positives, plus the two baselines."""
+def prf(records: list[dict]) -> dict[str, float | None]:
+  """Precision, recall, F1 with faulted runs as positives, plus the two baselines; None where
+  undefined (0/0: no run flagged for precision, no faulted run for the others), not 0."""
   pos = [r for r in records if _is_faulted(r)]
   neg = [r for r in records if not _is_faulted(r)]
   tp = sum(flagged(r) for r in pos)
   fp = sum(flagged(r) for r in neg)
-  precision = tp / (tp + fp) if tp + fp else 0.0
-  recall = tp / len(pos) if pos else 0.0
-  f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
   share = len(pos) / len(records) if records else 0.0
   return {'runs': len(records), 'positives': len(pos), 'tp': tp, 'fp': fp,
-          'precision': precision, 'recall': recall, 'f1': f1,
-          'flag_all_f1': 2 * share / (share + 1) if share else 0.0, 'never_flag_f1': 0.0}
+          'precision': tp / (tp + fp) if tp + fp else None,
+          'recall': tp / len(pos) if pos else None,
+          'f1': 2 * tp / (tp + fp + len(pos)) if pos else None,   # 2TP / (2TP + FP + FN)
+          'flag_all_f1': 2 * share / (share + 1) if pos else None,
+          'never_flag_f1': 0.0 if pos else None}
 
 
 def _is_faulted(r: dict) -> bool:
