@@ -2,6 +2,8 @@
 (exit 2) before any run starts. Were: tracebacks (--faults nosuch, --seeds x, --rescore of a
 missing dir), a hang (--jobs 0), and exit 0 with an empty report (--modes bogus, or filters
 that leave none of the suite's runs)."""
+import json
+
 import pytest
 
 from tools import faultbench
@@ -28,3 +30,15 @@ def test_rescore_of_a_missing_dir_is_a_usage_error(tmp_path, capsys):
   with pytest.raises(SystemExit) as e:
     faultbench.main(['--rescore', '--out', str(tmp_path)])
   assert e.value.code == 2 and '--rescore: no ' in capsys.readouterr().err
+
+
+def test_the_reports_command_is_the_module_command(tmp_path, capsys):
+  """Command: `python -m tools.faultbench ...` with the arguments given (was sys.argv joined:
+  the script's path, or pytest's own arguments when main(argv) ran in process)."""
+  (tmp_path / 'results.jsonl').write_text(json.dumps(
+      {'fault': 'healthy', 'family': 'healthy', 'seed': 1, 'onset': 20, 'mode': 'warn',
+       'steps': 60, 'final_acc': 0.9, 'error': None, 'incidents': []}) + '\n')
+  assert faultbench.main(['--rescore', '--out', str(tmp_path)]) == 0
+  capsys.readouterr()
+  report = (tmp_path / 'report.md').read_text()
+  assert f'Command: `python -m tools.faultbench --rescore --out {tmp_path}`' in report, report

@@ -31,6 +31,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -258,7 +259,9 @@ def main(argv=None) -> int:
   scores = faultbench_score.score(records)
   with open(os.path.join(out, 'score.json'), 'w') as f:
     json.dump(scores, f, indent=2)
-  report = faultbench_report.write(out, scores, records, command=' '.join(sys.argv))
+  given = sys.argv[1:] if argv is None else list(argv)   # argv[0] is the script's path
+  command = shlex.join(['python', '-m', 'tools.faultbench', *given])
+  report = faultbench_report.write(out, scores, records, command=command)
   print(report)
   return 0
 
