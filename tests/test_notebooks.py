@@ -85,6 +85,19 @@ def test_ipynb_is_generated_from_its_source(source):
   assert have.metadata['kernelspec']['name'] == 'python3'
 
 
+@pytest.mark.parametrize('source', SOURCES, ids=_name)
+def test_colab_install_pins_jax_as_pyproject_does(source):
+  """The jax the notebook installs in Colab is the range pyproject.toml allows (they pinned
+  <0.11 after pyproject had moved to <0.12)."""
+  import tomllib  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(ROOT, 'pyproject.toml'), 'rb') as f:
+    deps = tomllib.load(f)['project']['dependencies']
+  spec = next(d for d in deps if d.startswith('jax>') or d.startswith('jax<'))[len('jax'):]
+  with open(source, encoding='utf-8') as f:
+    text = f.read()
+  assert "f'{jax_build}" + spec + "'" in text, f'{source}: pin jax as pyproject does ({spec})'
+
+
 def test_quickstart(kernel_env):
   nb = execute(os.path.join(NOTEBOOK_DIR, '01_quickstart.py'))
   assert images(nb), 'no plot rendered'

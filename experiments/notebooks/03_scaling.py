@@ -59,7 +59,7 @@ if ROOT is None:
     tpu = 'COLAB_TPU_ADDR' in os.environ or os.path.exists('/dev/accel0')
     jax_build = 'jax[tpu]' if tpu else 'jax[cuda12]' if shutil.which('nvidia-smi') else 'jax'
     subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '-e', ROOT,
-                    f'{jax_build}>=0.10,<0.11'], check=True)
+                    f'{jax_build}>=0.10,<0.12'], check=True)
 os.chdir(ROOT)   # relative paths you give (a workdir like 'runs/x') land in the checkout
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
