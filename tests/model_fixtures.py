@@ -53,3 +53,45 @@ def np_log_softmax(x):
   x = np.asarray(x, np.float64)
   x = x - x.max(-1, keepdims=True)
   return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+# A one-layer model and a batch of 8 rows (groups of 2 sharing a prompt of 3 tokens, 5 completion
+# tokens of lengths 5, 1, 3, 4, 2, 5, 0, 3; the last row unscored) for the loss and step tests.
+TINY_B, TINY_P, TINY_T = 8, 3, 5
+
+
+def tiny_model_config():
+  from rft_jax.models import ModelConfig  # pylint: disable=g-import-not-at-top
+  return ModelConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                     num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                     tie_word_embeddings=False)
+
+
+def tiny_batch(prompt_mask_bp=None):
+  """-> (graphdef, params, ref_params, rollout, rewards [B], valid [B], rng): params are the
+  seed-0 init plus N(0, 0.3^2) noise, ref_params those plus N(0, 0.05^2); prompt_mask_bp [B, P]
+  defaults to all ones; rng (np.random.RandomState(6), after the draws here) for more draws."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from rft_jax.models import create  # pylint: disable=g-import-not-at-top
+  from rft_jax.sampling.sampler import Rollout  # pylint: disable=g-import-not-at-top
+  b, p, t = TINY_B, TINY_P, TINY_T
+  graphdef, state = create(tiny_model_config(), seed=0)
+  rng = np.random.RandomState(6)
+  noise = lambda tree, scale: jax.tree.map(
+      lambda x: x + scale * jnp.asarray(rng.randn(*x.shape), jnp.float32), tree)
+  params = noise(nnx.to_pure_dict(state), 0.3)
+  ref_params = noise(params, 0.05)
+  lengths = np.array([5, 1, 3, 4, 2, 5, 0, 3])
+  mask_bt = (np.arange(t)[None] < lengths[:, None]).astype(np.int32)
+  rollout = Rollout(
+      # Groups of 2 rows share their prompt (the sampler's layout, algo.shared_prompt).
+      prompt_tokens_bp=jnp.asarray(np.repeat(rng.randint(2, 16, (b // 2, p)), 2, axis=0),
+                                   jnp.int32),
+      prompt_mask_bp=jnp.asarray(np.ones((b, p)) if prompt_mask_bp is None else prompt_mask_bp,
+                                 jnp.int32),
+      tokens_bt=jnp.asarray(rng.randint(2, 16, (b, t)) * mask_bt, jnp.int32),
+      logp_bt=jnp.zeros((b, t), jnp.float32), mask_bt=jnp.asarray(mask_bt),
+      truncated_b=jnp.asarray(lengths == t))
+  rewards = jnp.array([1.0, 0.0, 0.5, 0.5, 0.0, 1.0, 0.3, 0.9])
+  valid = jnp.array([True] * 7 + [False])
+  return graphdef, params, ref_params, rollout, rewards, valid, rng

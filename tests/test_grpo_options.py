@@ -4,46 +4,21 @@ aggregation and the exact global token means of the diagnostics over micro-batch
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from advantage_refs import ref_token_returns
+from model_fixtures import TINY_B, TINY_P, TINY_T, tiny_batch
 from rft_jax.algorithms import grpo, losses
 from rft_jax.algorithms import train_state as ts
-from rft_jax.models import ModelConfig, create
-from rft_jax.sampling.sampler import Rollout
 
 
-CFG = ModelConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                  num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                  tie_word_embeddings=False)
-B, P, T = 8, 3, 5
+B, P, T = TINY_B, TINY_P, TINY_T
 
 
 @pytest.fixture(scope='module')
 def tiny():
-  graphdef, state = create(CFG, seed=0)
-  params = nnx.to_pure_dict(state)
-  rng = np.random.RandomState(6)
-  noise = lambda scale: jax.tree.map(
-      lambda x: x + scale * jnp.asarray(rng.randn(*x.shape), jnp.float32), params)
-  params, ref_params = noise(0.3), None
-  ref_params = jax.tree.map(lambda x: x + 0.05 * jnp.asarray(rng.randn(*x.shape), jnp.float32),
-                            params)
-  lengths = np.array([5, 1, 3, 4, 2, 5, 0, 3])
-  mask_bt = (np.arange(T)[None] < lengths[:, None]).astype(np.int32)
-  rollout = Rollout(
-      # groups of 2 rows share their prompt, as the sampler lays them out
-      prompt_tokens_bp=jnp.asarray(np.repeat(rng.randint(2, 16, (B // 2, P)), 2, 0), jnp.int32),
-      prompt_mask_bp=jnp.ones((B, P), jnp.int32),
-      tokens_bt=jnp.asarray(rng.randint(2, 16, (B, T)) * mask_bt, jnp.int32),
-      logp_bt=jnp.zeros((B, T), jnp.float32), mask_bt=jnp.asarray(mask_bt),
-      truncated_b=jnp.asarray(lengths == T))
-  rewards = jnp.array([1.0, 0.0, 0.5, 0.5, 0.0, 1.0, 0.3, 0.9])
-  valid = jnp.array([True] * 7 + [False])
-  return graphdef, params, ref_params, rollout, rewards, valid
+  return tiny_batch()[:6]
 
 
 def test_kl_in_reward_and_batch_baseline(tiny):

@@ -12,11 +12,11 @@ import pytest
 from flax import nnx
 
 from configs import grpo_arith
+from model_fixtures import TINY_B, TINY_P, TINY_T, tiny_batch, tiny_model_config
 from rft_jax.algorithms import critic, grpo, ppo
 from rft_jax.algorithms import train_state as ts
 from rft_jax.models import ModelConfig, create
 from rft_jax.models import functional as lm
-from rft_jax.sampling.sampler import Rollout
 
 # ----------------------------------------------------------------------------
 # Pure pieces.
@@ -77,36 +77,17 @@ def test_token_rewards_on_the_last_completion_token():
 # ----------------------------------------------------------------------------
 # On a tiny model.
 
-CFG = ModelConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                  num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                  tie_word_embeddings=False)
-B, P, T = 8, 3, 5
+CFG = tiny_model_config()
+B, P, T = TINY_B, TINY_P, TINY_T
 
 
 @pytest.fixture(scope='module')
 def tiny():
-  graphdef, state = create(CFG, seed=0)
-  params = nnx.to_pure_dict(state)
-  rng = np.random.RandomState(6)
-  params = jax.tree.map(lambda x: x + 0.3 * jnp.asarray(rng.randn(*x.shape), jnp.float32),
-                        params)
-  ref_params = jax.tree.map(lambda x: x + 0.05 * jnp.asarray(rng.randn(*x.shape), jnp.float32),
-                            params)
-  lengths = np.array([5, 1, 3, 4, 2, 5, 0, 3])
-  mask_bt = (np.arange(T)[None] < lengths[:, None]).astype(np.int32)
-  rollout = Rollout(
-      # Groups of 2 rows share their prompt (the sampler's layout, algo.shared_prompt).
-      prompt_tokens_bp=jnp.asarray(np.repeat(rng.randint(2, 16, (B // 2, P)), 2, axis=0),
-                                   jnp.int32),
-      prompt_mask_bp=jnp.asarray(np.array([[0, 1, 1]] * 4 + [[1, 1, 1]] * 4), jnp.int32),
-      tokens_bt=jnp.asarray(rng.randint(2, 16, (B, T)) * mask_bt, jnp.int32),
-      logp_bt=jnp.zeros((B, T), jnp.float32), mask_bt=jnp.asarray(mask_bt),
-      truncated_b=jnp.asarray(lengths == T))
-  rewards = jnp.array([1.0, 0.0, 0.5, 0.5, 0.0, 1.0, 0.3, 0.9])
-  valid = jnp.array([True] * 7 + [False])
+  """tiny_batch with the first two groups' prompts left-padded by one token, and a value head."""
+  *batch, rng = tiny_batch(np.array([[0, 1, 1]] * 4 + [[1, 1, 1]] * 4))
   head = {'kernel': jnp.asarray(rng.randn(CFG.hidden_size) * 0.5, jnp.float32),
           'bias': jnp.float32(0.1)}
-  return graphdef, params, ref_params, rollout, rewards, valid, head
+  return (*batch, head)
 
 
 @pytest.mark.parametrize('tied', [False, True])

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from compile_log import assert_compiled_once
 from configs import grpo_arith
 from rft_jax import runs, trainer
 from rft_jax.telemetry.sinks import read_jsonl
@@ -123,18 +124,8 @@ def test_a_truncated_sampler_is_announced_and_shows_in_the_mismatch_metric(tmp_p
 
 def test_no_recompilation_after_the_first_step(tmp_path, caplog):
   """Every jitted piece of the loop compiles once: later steps reuse the executables."""
-  import jax  # pylint: disable=g-import-not-at-top
   config = tiny_config(**{'train.steps': 4, 'train.eval_every': 100, 'train.ckpt_every': 100})
-  jax.config.update('jax_log_compiles', True)
-  try:
-    with caplog.at_level('WARNING'):
-      trainer.run(config, str(tmp_path))
-  finally:
-    jax.config.update('jax_log_compiles', False)
-  compiles = [r.getMessage() for r in caplog.records if r.getMessage().startswith('Compiling')]
-  for name in ('train_step', 'prepare_batch', 'observe'):
-    n = sum(m.startswith(f'Compiling jit({name})') for m in compiles)
-    assert n == 1, (name, n, compiles)
+  assert_compiled_once(lambda: trainer.run(config, str(tmp_path)), caplog)
 
 
 def test_a_broken_verifier_stops_the_run_naming_it(tmp_path):

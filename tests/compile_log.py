@@ -1,0 +1,17 @@
+"""Counting a run's compiles from JAX's compile log (jax_log_compiles)."""
+import jax
+
+
+def assert_compiled_once(run, caplog, names=('train_step', 'prepare_batch', 'observe')):
+  """Calls run() with JAX's compile log on and asserts each jitted function in names compiled
+  exactly once ('Compiling jit(<name>)' lines): later steps reused the executable."""
+  jax.config.update('jax_log_compiles', True)
+  try:
+    with caplog.at_level('WARNING'):
+      run()
+  finally:
+    jax.config.update('jax_log_compiles', False)
+  compiles = [r.getMessage() for r in caplog.records if r.getMessage().startswith('Compiling')]
+  for name in names:
+    n = sum(m.startswith(f'Compiling jit({name})') for m in compiles)
+    assert n == 1, (name, n, compiles)
