@@ -22,7 +22,9 @@ decides. Modes (config.monitor.mode):
          restore would otherwise be detected, restored and replayed forever (one the trainer
          could not do, no checkpoint preceding the onset, is not counted: restore_missed).
          One action is watched at a time: a critical incident that fires meanwhile waits, and
-         is acted on when the watch ends if its signature is still active. Actions that
+         is acted on when the watch ends if its signature is still active (the watched
+         signature itself firing again, as a replay re-detects its fault, is left to that
+         watch's verdict: kept, escalated or undone, not acted on once more). Actions that
          change nothing (skip_batch, warn_only) are recorded but not watched, so they block
          nothing.
          Non-finite parameters (signature nonfinite_params) get restore_and_lower_lr like any
@@ -178,7 +180,8 @@ class Remediator:
                                          onset=int(incident['onset_step']),
                                          reason=f"{incident['fault_class']} ({why})"))
     if self.watches:   # one action at a time: this one waits for the watched one's verdict
-      if all(i['signature'] != incident['signature'] for i in self.deferred):
+      waiting = [w.signature for w in self.watches] + [i['signature'] for i in self.deferred]
+      if incident['signature'] not in waiting:   # a watched one's re-fire is that verdict's
         self.deferred.append(incident)
       return None
     action = incident['remediation']

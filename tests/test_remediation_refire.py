@@ -1,0 +1,46 @@
+"""A watched signature that fires again during its own watch (the replay after the restore
+re-detects the same fault) is judged by that watch's verdict, not queued as a new incident."""
+import pytest
+
+from rft_jax.monitor.remediation import Controls, Remediator
+
+
+def incident(score=5.0, onset=20, signature='gradient_explosion', remediation='lower_lr'):
+  return {'signature': signature, 'fault_class': signature, 'severity': 'critical',
+          'remediation': remediation, 'onset_step': onset, 'score': score}
+
+
+def test_a_kept_action_is_not_applied_again_for_its_own_refired_incident():
+  r = Remediator('auto', Controls(), watch_steps=5)
+  for s in range(10, 20):
+    r.on_step(s, {}, 0.8)
+  assert r.on_incident(incident(), 22).restore_before == 20
+  for s in range(20, 25):                  # the replay re-detects the fault at step 22
+    if s == 22:
+      assert r.on_incident(incident(score=4.0), 22) is None
+    r.on_step(s, {'gradient_explosion': 4.0}, 0.8)
+  # The score fell and the reward held: kept, and nothing more (it used to restore again).
+  assert r.on_step(25, {'gradient_explosion': 2.0}, 0.8) is None
+  verdict = [e for e in r.drain_log() if e['kind'] == 'verdict'][-1]
+  assert verdict['helped']
+  assert r.on_step(26, {'gradient_explosion': 2.0}, 0.8) is None
+  assert r.restores == 1 and r.controls.lr_scale == pytest.approx(0.1)
+
+
+def test_escalations_stay_capped_when_the_fault_refires_in_each_replay():
+  """README: an action is applied once more on top at most twice (max_escalations)."""
+  r = Remediator('auto', Controls(), watch_steps=3, max_escalations=2)
+  for s in range(14, 20):
+    r.on_step(s, {}, 0.8)
+  r.on_incident(incident(), 22)
+  actions = []
+  for _ in range(3):                       # each replay re-fires, the reward stays low
+    for s in range(20, 23):
+      r.on_incident(incident(score=4.0), s)
+      r.on_step(s, {'gradient_explosion': 4.0}, 0.3)
+    d = r.on_step(23, {'gradient_explosion': 4.0}, 0.3)
+    actions.append(d and d.action)
+  # Kept after the second escalation; the re-fire of the last replay is not a third one.
+  assert actions == ['escalate_lower_lr', 'escalate_lower_lr', None], actions
+  assert r.on_step(24, {'gradient_explosion': 4.0}, 0.3) is None
+  assert r.restores == 3 and r.controls.lr_scale == pytest.approx(0.001)
