@@ -181,8 +181,9 @@ def run_warmup(run_dir: str) -> int | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = _parse_args(argv)
-  if args.warmup is not None and args.warmup < 1:
-    print(f'error: --warmup={args.warmup}: must be at least 1', file=sys.stderr)
+  if args.warmup is not None and args.warmup < 2:   # the warm-up fit needs 2 (config.py)
+    print(f'error: --warmup={args.warmup}: must be at least 2 (as monitor.warmup)',
+          file=sys.stderr)
     return 2
   try:
     with warnings.catch_warnings(record=True) as caught:
