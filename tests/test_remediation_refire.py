@@ -1,8 +1,10 @@
-"""A watched signature that fires again during its own watch (the replay after the restore
-re-detects the same fault) is judged by that watch's verdict, not queued as a new incident."""
+"""Verdicts of auto remediation: a watched signature that fires again during its own watch (the
+replay after the restore re-detects the same fault) is judged by that watch's verdict, not queued
+as a new incident; a verdict that keeps an action it could not escalate says so."""
 import pytest
 
 from rft_jax.monitor.remediation import Controls, Remediator
+from rft_jax.telemetry.console import describe_incident
 
 
 def incident(score=5.0, onset=20, signature='gradient_explosion', remediation='lower_lr'):
@@ -44,3 +46,23 @@ def test_escalations_stay_capped_when_the_fault_refires_in_each_replay():
   assert actions == ['escalate_lower_lr', 'escalate_lower_lr', None], actions
   assert r.on_step(24, {'gradient_explosion': 4.0}, 0.3) is None
   assert r.restores == 3 and r.controls.lr_scale == pytest.approx(0.001)
+
+
+def test_a_verdict_that_keeps_an_action_without_escalating_says_so():
+  """After the last escalation (or with restores used up) a verdict whose reward has not
+  recovered keeps the action; its line used to read like an undone one ('did not help')."""
+  r = Remediator('auto', Controls(), watch_steps=3, max_escalations=1)
+  for s in range(14, 20):
+    r.on_step(s, {}, 0.8)
+  r.on_incident(incident(), 22)
+  decisions = []
+  for _ in range(2):
+    for s in range(20, 23):
+      r.on_step(s, {'gradient_explosion': 4.0}, 0.3)
+    decisions.append(r.on_step(23, {'gradient_explosion': 4.0}, 0.3))
+  assert decisions[0].action == 'escalate_lower_lr' and decisions[1] is None
+  lines = [describe_incident(e['step'], e) for e in r.drain_log() if e['kind'] == 'verdict']
+  assert 'did not help: the reward has not recovered (score' in lines[0], lines[0]
+  assert ('verdict on lower_lr (escalated 1x) for gradient_explosion: did not help: the reward '
+          'has not recovered; kept (no escalation left) (score 5 -> 4') in lines[1], lines[1]
+  assert r.controls.lr_scale == pytest.approx(0.01)

@@ -233,11 +233,14 @@ class Remediator:
       health_now = self._health_over(step - self.watch_steps, step)
       recovered = (w.health_before is None or health_now is None or
                    health_now >= w.health_before - self.health_tol)
+      escalate = (fell and not recovered and w.escalations < self.max_escalations
+                  and self.restores < self.max_restores)
       self.log.append({'step': step, 'kind': 'verdict', 'signature': w.signature,
                        'action': w.action, 'score_at_action': w.score_at_action,
                        'score_now': now, 'health_before': w.health_before,
                        'health_now': health_now, 'helped': fell and recovered,
-                       'score_fell': fell, 'escalations': w.escalations})
+                       'score_fell': fell, 'escalations': w.escalations,
+                       'kept': fell and not escalate})
       if w.action in ('skip_batch', 'warn_only'):
         continue
       if not fell:
@@ -246,8 +249,7 @@ class Remediator:
         decision = self._record(step, Decision(f'undo_{w.action}', self.controls,
                                                undo_reference_reset=w.action == 'reset_reference',
                                                reason=f'{w.signature} score did not fall'))
-      elif (not recovered and w.escalations < self.max_escalations
-            and self.restores < self.max_restores):
+      elif escalate:
         self.restores += 1
         self.controls = apply_action(w.action, self.controls, self.lr_factor)
         self.watches.append(dataclasses.replace(

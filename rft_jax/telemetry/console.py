@@ -181,6 +181,8 @@ def describe_incident(step: int, incident: Mapping[str, Any]) -> str:
     outcome = ('helped' if incident.get('helped') else
                'did not help: the reward has not recovered' if incident.get('score_fell') else
                'did not help: the score did not fall')
+    if incident.get('kept') and not incident.get('helped'):   # escalations or restores used up
+      outcome += '; kept (no escalation left)'
     return (f"step {step}: verdict on {action} for {incident.get('signature')}: {outcome} (score "
             f"{format_value(incident.get('score_at_action'))} -> "
             f"{format_value(incident.get('score_now'))}, reward "
