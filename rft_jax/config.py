@@ -125,7 +125,8 @@ def _check_monitor_and_faults(config) -> None:
   if 'faults' in config:
     from rft_jax import faults  # pylint: disable=g-import-not-at-top  (no JAX inside)
     try:
-      faults.check_faults(list(config.faults), total_steps=config.train.steps)
+      faults.check_faults(list(config.faults), total_steps=config.train.steps,
+                          max_new_tokens=config.get('rollout', {}).get('max_new_tokens'))
     except ValueError as e:
       key, _, reason = str(e).partition(': ')
       raise ConfigError(key, reason) from None

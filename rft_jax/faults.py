@@ -88,9 +88,11 @@ TOKEN_STRENGTHS = ('truncation',)
 _FAULT_KEYS = ('type', 'onset_step', 'strength', 'duration')
 
 
-def check_faults(faults: Sequence[Mapping[str, Any]], total_steps: int | None = None) -> None:
+def check_faults(faults: Sequence[Mapping[str, Any]], total_steps: int | None = None,
+                 max_new_tokens: int | None = None) -> None:
   """Raises ValueError('faults[i].key: reason') for the first malformed fault, or one that would
-  do nothing (an onset after the run's last step, a token count below 1, ...)."""
+  do nothing (an onset after the run's last step, a token count below 1 or not below the
+  recipe's rollout.max_new_tokens, ...)."""
   is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)
   for i, f in enumerate(faults):
     if not isinstance(f, Mapping):
@@ -116,6 +118,11 @@ def check_faults(faults: Sequence[Mapping[str, Any]], total_steps: int | None = 
       raise ValueError(f'faults[{i}].strength: {kind} takes a fraction in (0, 1], got {strength}')
     if kind in TOKEN_STRENGTHS and strength < 1:
       raise ValueError(f'faults[{i}].strength: {kind} takes a token count >= 1, got {strength}')
+    if kind in TOKEN_STRENGTHS and strength != int(strength):
+      raise ValueError(f'faults[{i}].strength: {kind} takes a whole token count, got {strength}')
+    if kind in TOKEN_STRENGTHS and max_new_tokens is not None and strength >= max_new_tokens:
+      raise ValueError(f'faults[{i}].strength: {kind} to {strength:g} tokens cuts nothing: '
+                       f'rollout.max_new_tokens is {max_new_tokens}')
     if not is_int(f.get('duration', 0)) or f.get('duration', 0) < 0:
       raise ValueError(f'faults[{i}].duration: must be an int >= 0 (0 = until the end)')
 

@@ -284,6 +284,9 @@ def test_monitor_mode_and_faults(grpo):
   assert str(_error(grpo)) == 'config.faults[0].onset_step: must be an int >= 1'
   grpo.faults = [{'type': 'gremlins', 'onset_step': 3, 'strength': 1.0}]
   assert "config.faults[0].type='gremlins': unknown fault" in str(_error(grpo))
+  grpo.faults = [{'type': 'truncation', 'onset_step': 3,   # the recipe's own max_new_tokens
+                  'strength': float(grpo.rollout.max_new_tokens)}]
+  assert str(_error(grpo)).startswith('config.faults[0].strength: truncation to ')
   grpo.faults = [{'type': 'lr_spike', 'onset_step': 3, 'strength': 50.0}]
   config_lib.validate(grpo)
   grpo.monitor.max_skipped_steps = 0

@@ -145,9 +145,12 @@ def test_check_faults_names_the_problem():
       ({**ok, 'type': 'adv_sign_flip', 'strength': 7},
        r'adv_sign_flip takes a fraction in \(0, 1\]'),
       ({**ok, 'type': 'truncation', 'strength': 0.5}, r'truncation takes a token count >= 1'),
+      ({**ok, 'type': 'truncation', 'strength': 2.5}, r'truncation takes a whole token count'),
+      ({**ok, 'type': 'truncation', 'strength': 6},   # sampled at min(6, 6): nothing cut
+       r'truncation to 6 tokens cuts nothing: rollout.max_new_tokens is 6'),
   ]:
     with pytest.raises(ValueError, match=message):
-      faults.check_faults([bad], total_steps=10)
+      faults.check_faults([bad], total_steps=10, max_new_tokens=6)
   faults.check_faults([ok, {**ok, 'type': 'truncation', 'strength': 2}], total_steps=10)
   assert len([f for f in faults.FAULTS.values() if f.family != 'benign']) >= 14
   assert {f.family for f in faults.FAULTS.values()} == {
