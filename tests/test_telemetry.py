@@ -247,6 +247,22 @@ def test_format_value():
   assert sinks.format_summary_value('steps', 150) == '150'
 
 
+def test_incident_line_names_the_signature_like_the_replay():
+  """The live console's incident line names the signature where it differs from the fault
+  class, as tools.monitor_replay does; where they are equal it is named once."""
+  from tools import monitor_replay   # pylint: disable=g-import-not-at-top
+  incident = {'kind': 'incident', 'step': 12, 'fault_class': 'kl_explosion',
+              'signature': 'kl_explosion_with_clipping', 'severity': 'critical',
+              'onset_step': 9, 'score': 4.0, 'remediation': 'restore_and_raise_kl',
+              'evidence': [{'signal': 'kl', 'direction': 'up', 'score': 4.0}]}
+  line = sinks.describe_incident(12, incident)
+  assert line.startswith('step 12: INCIDENT kl_explosion (kl_explosion_with_clipping) ')
+  assert 'kl_explosion (kl_explosion_with_clipping)' in monitor_replay.format_incident(incident)
+  plain = dict(incident, signature='kl_explosion')
+  assert sinks.describe_incident(12, plain).startswith('step 12: INCIDENT kl_explosion [')
+  assert 'kl_explosion  severity' in monitor_replay.format_incident(plain)
+
+
 # ----------------------------------------------------------------------------
 # Plot.
 

@@ -130,10 +130,7 @@ def format_incident(incident: Mapping[str, Any]) -> str:
   """One console line: step, fault class, severity, onset, score, top evidence signals."""
   score = incident.get('score')
   score_text = f'{score:.3g}' if isinstance(score, (int, float)) else str(score)
-  name = str(incident.get('fault_class'))
-  if incident.get('signature') not in (None, name):
-    name += f' ({incident["signature"]})'
-  return (f'step {incident.get("step")}: {name}  '
+  return (f'step {incident.get("step")}: {sinks.incident_name(incident)}  '
           f'severity={incident.get("severity")}  onset={incident.get("onset_step")}  '
           f'score={score_text}  evidence: {_evidence_text(incident.get("evidence", ()))}')
 

@@ -171,6 +171,15 @@ class ConsoleSink(Hook):
     self._stop_progress()
 
 
+def incident_name(incident: Mapping[str, Any]) -> str:
+  """An incident's fault class, with its signature in brackets where that differs
+  ('kl_explosion (kl_explosion_with_clipping)'): the live console and tools.monitor_replay."""
+  name = str(incident.get('fault_class'))
+  if incident.get('signature') not in (None, name):
+    name += f" ({incident['signature']})"
+  return name
+
+
 def describe_incident(step: int, incident: Mapping[str, Any]) -> str:
   """One line for a monitor incident or remediation action."""
   kind = incident.get('kind', 'incident')
@@ -193,6 +202,6 @@ def describe_incident(step: int, incident: Mapping[str, Any]) -> str:
             f" -> {incident.get('controls', '')}")
   evidence = ', '.join(f"{e['signal']} {e['direction']} {format_value(e['score'])}"
                        for e in incident.get('evidence', [])[:3])
-  return (f"step {step}: INCIDENT {incident.get('fault_class')} [{incident.get('severity')}] "
+  return (f"step {step}: INCIDENT {incident_name(incident)} [{incident.get('severity')}] "
           f"since step {incident.get('onset_step')}, score {format_value(incident.get('score'))}"
           f" ({evidence}); suggested: {incident.get('remediation')}")
