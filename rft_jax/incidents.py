@@ -182,9 +182,10 @@ def rewind(ckpt, before: int, state, shardings, like_reference, reference_shardi
   remediation had reset it, its meta). None when no checkpoint precedes `before`: a message
   says so, and the remediator does not count the restore (it did not happen) and watches the
   action from `step`, where the run goes on."""
-  good = [s for s in ckpt.all_steps() if s < before]
+  steps = ckpt.all_steps()
+  good = [s for s in steps if s < before]
   if not good:
-    hooks.on_message('remediation: no checkpoint before the onset to restore')
+    hooks.on_message(missed_restore_message(before, steps))
     remediator.restore_missed(step)
     return None
   state, data_state, restored_meta, reference = ckpt.restore(
@@ -197,6 +198,14 @@ def rewind(ckpt, before: int, state, shardings, like_reference, reference_shardi
   hooks.on_message(f'remediation: restored the checkpoint of step {max(good)} '
                    f'(before onset at step {before})')
   return max(good), state, reference, restored_meta
+
+
+def missed_restore_message(onset: int, steps: list[int]) -> str:
+  """The line of a restore that found no checkpoint before the onset: the onset, the latest
+  checkpoint there was (at or after the onset), and the keys that would have kept one."""
+  latest = f'the latest is step {max(steps)}' if steps else 'none saved yet'
+  return (f'remediation: no checkpoint before the onset (step {onset}) to restore ({latest}); '
+          'a smaller train.ckpt_every or a larger train.keep_checkpoints keeps one')
 
 
 def reset_undoable(remediator: Remediator) -> bool:

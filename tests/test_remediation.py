@@ -262,6 +262,21 @@ class _Messages:
     self.messages.append(text)
 
 
+def test_a_missed_restore_names_the_onset_the_latest_checkpoint_and_the_keys():
+  """The line names the onset, the latest checkpoint there was (none before the onset, or it
+  would have been restored) and the config keys that would have kept one."""
+  from rft_jax import incidents   # pylint: disable=g-import-not-at-top
+  hooks = _Messages()
+  r = Remediator('auto', Controls(), watch_steps=2, max_restores=1)
+  class Late:   # pylint: disable=missing-class-docstring
+    def all_steps(self):
+      return [8, 10]
+  assert incidents.rewind(Late(), 7, None, None, None, None, None, {}, hooks, r, step=11) is None
+  assert hooks.messages == [
+      'remediation: no checkpoint before the onset (step 7) to restore (the latest is step 10); '
+      'a smaller train.ckpt_every or a larger train.keep_checkpoints keeps one']
+
+
 def test_a_restore_that_finds_no_checkpoint_is_not_counted():
   """A restore the trainer cannot do (no checkpoint before the onset) does not use up one of
   max_restores (it used to count): with max_restores=1, a later incident still gets its
@@ -273,7 +288,9 @@ def test_a_restore_that_finds_no_checkpoint_is_not_counted():
   hooks = _Messages()
   assert incidents.rewind(_NoCheckpoints(), d.restore_before, None, None, None, None, None, {},
                           hooks, r, step=4) is None
-  assert hooks.messages == ['remediation: no checkpoint before the onset to restore']
+  assert hooks.messages == [
+      'remediation: no checkpoint before the onset (step 3) to restore (none saved yet); a '
+      'smaller train.ckpt_every or a larger train.keep_checkpoints keeps one']
   assert r.restores == 0 and r.controls.lr_scale == pytest.approx(0.1) and r.watches
   # Nothing replayed: the run goes on from step 4, so the watch covers steps 5-6 (was: the
   # onset's window, steps 4-5, judged on one step taken under the action).
