@@ -104,6 +104,18 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check_algo_names(config)
 
 
+def start_warnings(config: ml_collections.ConfigDict) -> list[str]:
+  """Settings that are legal (a short smoke run must still work) but likely not meant: one line
+  each, printed when the run starts (rft_jax/runs.py open_run)."""
+  m, steps = config.get('monitor'), config.train.steps
+  if m is not None and m.mode != 'off' and m.get('warmup', 10) >= steps:
+    return [f'warning: config.monitor.warmup={m.get("warmup", 10)} >= config.train.steps='
+            f'{steps}: the failure monitor learns its baselines over the whole run and scores '
+            'no signal (only its invariant checks run); lower monitor.warmup or raise '
+            'train.steps']
+  return []
+
+
 def _check_wandb(config) -> None:
   import importlib.util  # pylint: disable=g-import-not-at-top
   if config.telemetry.wandb_project and importlib.util.find_spec('wandb') is None:

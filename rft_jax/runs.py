@@ -21,6 +21,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from rft_jax import components, initial_policy
+from rft_jax import config as config_lib
 from rft_jax.workdir_config import (  # noqa: F401  (runs.X for tools and tests)
     RUN_CONFIG, check_workdir_config, record_workdir_config)
 from rft_jax.algorithms import train_state as ts
@@ -285,6 +286,8 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
                      f'{jax.device_count()} devices (set an axis to -1 to use them all)')
   if start and start < config.train.steps:
     hooks.on_message(f'resumed from checkpoint at step {start}')
+  for warning in config_lib.start_warnings(config) if start < config.train.steps else ():
+    hooks.on_message(warning)   # legal, likely not meant (one line each)
   return state, shardings, ckpt, meta, hooks, start, reference
 
 

@@ -295,6 +295,23 @@ def test_monitor_mode_and_faults(grpo):
   config_lib.validate(grpo)
 
 
+def test_a_monitor_warmup_as_long_as_the_run_is_a_one_line_warning(grpo):
+  """monitor.warmup >= train.steps is legal (short smoke runs) but the monitor then scores no
+  signal: start_warnings says so in one line naming both keys; not below, nor without the
+  monitor."""
+  grpo.train.steps, grpo.monitor.warmup = 10, 10
+  config_lib.validate(grpo)   # a warning, not an error
+  [line] = config_lib.start_warnings(grpo)
+  assert line.startswith('warning: config.monitor.warmup=10 >= config.train.steps=10: ')
+  assert '\n' not in line
+  grpo.monitor.warmup = 9
+  assert config_lib.start_warnings(grpo) == []
+  grpo.monitor.warmup, grpo.monitor.mode = 10, 'off'
+  assert config_lib.start_warnings(grpo) == []
+  del grpo['monitor']
+  assert config_lib.start_warnings(grpo) == []
+
+
 def test_wandb_without_the_package_is_a_one_line_error(grpo, monkeypatch):
   import importlib.util
   real = importlib.util.find_spec

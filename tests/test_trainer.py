@@ -92,6 +92,11 @@ def test_second_invocation_reports_complete(tmp_path, capsys):
   assert second['steps'] == 2
   messages = read_jsonl(os.path.join(str(tmp_path), 'metrics.jsonl'), kind='message')
   assert any('already complete' in m['text'] for m in messages)
+  # The tiny recipe's monitor.warmup (10) outlasts its 2 steps: said once, at the start of
+  # the run that trained, not again by the invocation that found it complete.
+  assert [m['step'] for m in messages
+          if m['text'].startswith('warning: config.monitor.warmup=10 >= config.train.steps=2: ')
+          ] == [0]
   assert len(train_rows(str(tmp_path))) == 2     # nothing was trained again
   for name in ('summary.json', 'metrics.jsonl', 'run.png'):
     assert os.path.exists(os.path.join(str(tmp_path), name)), name
