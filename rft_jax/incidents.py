@@ -67,6 +67,11 @@ class IncidentLog:
       f.writelines(json.dumps(e) + '\n' for e in self.entries)
     os.replace(self.path + '.tmp', self.path)
 
+  def count(self, ran: bool) -> int | None:
+    """summary.json's 'incidents': how many were raised, or None when nothing watched the run
+    (monitor.mode 'off' or no monitor, no live scaling fit): 0 would read as a healthy run."""
+    return sum(e['kind'] == 'incident' for e in self.entries) if ran else None
+
   def report(self) -> str:
     """Human-readable summary of incidents and actions (also written to incidents.md)."""
     incidents = [e for e in self.entries if e['kind'] == 'incident']

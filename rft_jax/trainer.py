@@ -360,7 +360,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   runs.ensure_final_eval(meta, evaluator, state.params, hooks, total)
   summary = runs.make_summary(config, meta['base_eval'], meta['final_eval'], total,
                               wall_before + time.time() - t_start)
-  summary['incidents'] = sum(e['kind'] == 'incident' for e in incident_log.entries)
+  summary['incidents'] = incident_log.count(ran=mcfg is not None or live_fit.enabled)
   return runs.finish_run(config, workdir, summary, hooks, ckpt)
 
 

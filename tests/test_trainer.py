@@ -112,6 +112,19 @@ def test_second_invocation_reports_complete(tmp_path, capsys):
     assert json.load(f) == third
 
 
+def test_a_run_without_the_monitor_does_not_report_0_incidents(tmp_path, capsys):
+  """monitor.mode='off': summary.json's incidents is null (the monitor did not run; 0 read as
+  a healthy run), and the console's summary table says 'monitor off'."""
+  config = tiny_config(**{'train.steps': 1, 'train.eval_every': 1, 'monitor.mode': 'off'})
+  config.telemetry.console = True
+  summary = trainer.run(config, str(tmp_path))
+  assert 'incidents' in summary and summary['incidents'] is None
+  with open(os.path.join(str(tmp_path), 'summary.json')) as f:
+    assert json.load(f)['incidents'] is None
+  [row] = [l for l in capsys.readouterr().out.splitlines() if 'incidents' in l]
+  assert 'monitor off' in row, row
+
+
 def test_a_truncated_sampler_is_announced_and_shows_in_the_mismatch_metric(tmp_path):
   """top_k / top_p: the run says at start-up that the update scores under the full softmax, and
   the gap it names (mismatch/k3: exp(d) - d - 1, d = trainer - sampler log-prob) is far above

@@ -37,7 +37,10 @@ def format_value(value: Any) -> str:
 
 
 def format_summary_value(key: str, value: Any) -> str:
-  """Like `format_value`, but fractions whose key contains 'acc' become percentages."""
+  """Like `format_value`, but fractions whose key contains 'acc' become percentages, and
+  'incidents' None (the failure monitor did not run) reads 'monitor off'."""
+  if key == 'incidents' and value is None:
+    return 'monitor off'
   if ('acc' in key and isinstance(value, numbers.Real)
       and not isinstance(value, (bool, numbers.Integral))
       and math.isfinite(float(value))):
