@@ -87,6 +87,28 @@ class IncidentLog:
     return '\n'.join(lines)
 
 
+def write_report(config, workdir: str, incident_log: IncidentLog, hooks, enabled: bool,
+                 stopped: bool = False) -> None:
+  """workdir/incidents.md (process 0) and the console's report of the run's incidents, when
+  anything watched the run (`enabled`: the monitor or the live scaling fit): at its end, or
+  when an error or a stop request ends it (`stopped`: a write error is then a message, never
+  raised in place of what stopped the run, e.g. on a full disk)."""
+  if not enabled:
+    return
+  try:
+    report = incident_log.report()
+    incident_log.retry(last=True)
+    if incident_log.primary:
+      with open(os.path.join(workdir, 'incidents.md'), 'w') as f:
+        f.write(f'# Failure monitor report: {config.name}\n\n{report}\n')
+  except OSError as e:
+    if not stopped:
+      raise
+    hooks.on_message(f'incidents.md not written: {e}')
+    return
+  hooks.on_message('failure monitor: ' + report.replace('\n', '\n  '))
+
+
 def halt_checkpoints(steps: list[int], onset: int | None) -> str:
   """Which checkpoints a halt leaves, told apart by the fault's onset: those at or after it may
   already carry the fault."""

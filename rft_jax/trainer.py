@@ -155,6 +155,8 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
     ref_params = reset_ref
   incident_log = incidents.IncidentLog(workdir, start)
   live_fit = scaling_live.LiveFit.from_config(config, meta)   # no-op unless scaling.live_every
+  report = functools.partial(incidents.write_report, config, workdir, incident_log, hooks,
+                             mcfg is not None or live_fit.enabled)   # incidents.md, console
 
   injector = faults.FaultInjector(config.get('faults', []), config.seed,
                                   config.rollout.group_size, total)
@@ -343,35 +345,21 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
         runs.save_checkpoint(config, ckpt, step, state, data_it.get_state(), meta, hooks,
                              reference=reset_ref, stopping=stopping, reference_before_reset=before)
       if stopping and not last:
+        report(stopped=True)   # after the stop's checkpoint: incidents.md of the steps run
         runs.preempt(config, workdir, stop, step, hooks, ckpt)
   except TrainingError:   # halted, non-finite loss, reward failure: keep what explains it
-    if mcfg is not None or live_fit.enabled:
-      try:   # never in place of the error that stopped the run (e.g. on a full disk)
-        write_incident_report(config, workdir, incident_log, hooks)
-      except OSError as e:
-        hooks.on_message(f'incidents.md not written: {e}')
+    report(stopped=True)
     runs.close_stopped_run(config, workdir, hooks, ckpt)
     raise
   finally:
     stop.restore()
     runner.close()
-  if mcfg is not None or live_fit.enabled:
-    write_incident_report(config, workdir, incident_log, hooks)
+  report()
   runs.ensure_final_eval(meta, evaluator, state.params, hooks, total)
   summary = runs.make_summary(config, meta['base_eval'], meta['final_eval'], total,
                               wall_before + time.time() - t_start)
   summary['incidents'] = incident_log.count(ran=mcfg is not None or live_fit.enabled)
   return runs.finish_run(config, workdir, summary, hooks, ckpt)
-
-
-def write_incident_report(config, workdir: str, incident_log, hooks) -> None:
-  """workdir/incidents.md (process 0) and the console's report of the run's incidents."""
-  report = incident_log.report()
-  incident_log.retry(last=True)
-  if incident_log.primary:
-    with open(os.path.join(workdir, 'incidents.md'), 'w') as f:
-      f.write(f'# Failure monitor report: {config.name}\n\n{report}\n')
-  hooks.on_message('failure monitor: ' + report.replace('\n', '\n  '))
 
 
 def step_compute(config, model_cfg, metrics: dict, meta: dict) -> dict:

@@ -180,3 +180,29 @@ def test_sigterm_during_setup_exits_75_at_once(tmp_path):
   assert proc.returncode == 75, err
   assert err.strip().splitlines()[-1].startswith('stopped: SIGTERM outside the step loop'), err
   assert not os.path.isdir(os.path.join(workdir, 'checkpoints', '1'))
+
+
+def test_a_stopped_rl_run_writes_its_incident_report(tmp_path):
+  """A SIGTERM (or Ctrl-C) stop writes incidents.md of the steps run, as the end of a run or
+  an error does (it used to be missing after a stop), next to run.png; in process: a hook
+  signals the run after its second step."""
+  import pytest   # pylint: disable=g-import-not-at-top
+  from configs import grpo_arith   # pylint: disable=g-import-not-at-top
+  from rft_jax import runs, trainer   # pylint: disable=g-import-not-at-top
+  from rft_jax.telemetry.hooks import Hook   # pylint: disable=g-import-not-at-top
+
+  class Term(Hook):
+    def on_step(self, step, metrics):
+      if step == 2:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+  config = grpo_arith.get_config('tiny')
+  config.telemetry.console = config.telemetry.tensorboard = False
+  config.rewards.num_workers = 0
+  with pytest.raises(runs.Preempted, match='SIGTERM after step 2'):
+    trainer.run(config, str(tmp_path), hooks_extra=[Term()])
+  with open(tmp_path / 'incidents.md') as f:
+    assert f.read().startswith('# Failure monitor report: grpo_arith\n\n0 incident(s)')
+  assert os.path.isfile(tmp_path / 'run.png')
+  messages = [r['text'] for r in read_jsonl(str(tmp_path / 'metrics.jsonl'), kind='message')]
+  assert 'failure monitor: 0 incident(s)' in messages
