@@ -40,6 +40,12 @@ def is_dpo(config: ml_collections.ConfigDict) -> bool:
   return 'dpo' in config
 
 
+def is_grpo_family(config: ml_collections.ConfigDict) -> bool:
+  """An RL recipe trained without a critic (GRPO, DAPO, RLOO, REINFORCE++, ...): not SFT, DPO
+  (no algo section) or PPO (a critic advantage)."""
+  return 'algo' in config and config.algo.get('advantage') not in CRITIC_ADVANTAGES
+
+
 # Config keys that name files or directories: a leading `~` is expanded (expand_user_paths).
 PATH_KEYS = ('tokenizer.path', 'init_from', 'model.path', 'task.data_dir', 'task.manual_dir')
 

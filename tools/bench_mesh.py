@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 from rft_jax import components  # noqa: E402
 from rft_jax.algorithms import grpo  # noqa: E402
 from rft_jax.algorithms import train_state as ts  # noqa: E402
-from rft_jax.config_schema import CRITIC_ADVANTAGES  # noqa: E402
+from rft_jax import config as config_lib  # noqa: E402
 from rft_jax.data import pipeline  # noqa: E402
 from rft_jax.models import functional as lm  # noqa: E402
 from rft_jax.parallel import memory  # noqa: E402
@@ -76,7 +76,7 @@ def main():
   if args.repeats < 1:
     ap.error(f'--repeats={args.repeats}: must be >= 1 (timings are the median of the calls)')
   config = load_config(args.config)
-  if 'algo' not in config or config.algo.advantage in CRITIC_ADVANTAGES:   # SFT, DPO, PPO
+  if not config_lib.is_grpo_family(config):   # SFT, DPO, PPO
     ap.error(f'--config={args.config}: bench_mesh times the sampler and the GRPO step, for the '
              'GRPO-family recipes (not SFT, DPO or PPO)')
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 1, 1

@@ -20,7 +20,7 @@ import numpy as np
 from rft_jax import components
 from rft_jax.algorithms import grpo
 from rft_jax.algorithms import train_state as ts
-from rft_jax.config_schema import CRITIC_ADVANTAGES
+from rft_jax import config as config_lib
 from rft_jax.data import pipeline
 from rft_jax.monitor import monitor as monlib
 from rft_jax.monitor.detectors import MonitorConfig
@@ -54,7 +54,7 @@ class NotTimed(ValueError):
 def run(config_path: str, repeats: int = 10):
   """Prints the recipe's timings. NotTimed for an SFT, DPO or PPO recipe."""
   config = load_config(config_path)
-  if 'algo' not in config or config.algo.advantage in CRITIC_ADVANTAGES:
+  if not config_lib.is_grpo_family(config):
     raise NotTimed(f'--recipe={config_path}: this bench times the sampler and the GRPO step, '
                    'for the GRPO-family recipes (not SFT, DPO or PPO)')
   c = components.build(config)

@@ -38,6 +38,33 @@ def usage_exit(message: str) -> SystemExit:
   return SystemExit(USAGE_ERROR)
 
 
+def check_out(out: str) -> None:
+  """Exits 2 unless --out may be replaced whole by a params directory (new, empty or an earlier
+  one: rft_jax.checkpoint.check_params_out); call before reading any weights."""
+  from rft_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  try:
+    checkpoint.check_params_out(out)
+  except FileExistsError as e:
+    raise usage_exit(f'--out {e}') from None
+
+
+def open_run_checkpoint(workdir: str, step: int | None):
+  """-> (Checkpointer of workdir/checkpoints, step: the given one or the latest); exits 2 when
+  workdir has no checkpoints directory (Checkpointer would create one) or not that step."""
+  from rft_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  directory = os.path.join(workdir, 'checkpoints')
+  if not os.path.isdir(directory):
+    raise usage_exit(f'no checkpoint in {directory} (not a run directory?)')
+  ckpt = checkpoint.Checkpointer(directory)
+  steps = ckpt.all_steps()
+  step = step if step is not None else ckpt.latest_step()
+  if step is None or step not in steps:
+    where = f'at step {step} ' if step is not None else ''
+    raise usage_exit(f'no checkpoint {where}in {directory} (there: '
+                     f'{", ".join(map(str, steps)) or "none"})')
+  return ckpt, step
+
+
 def inspect(path: str) -> None:
   from rft_jax.models import hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
   if not os.path.exists(path):
@@ -97,7 +124,7 @@ def _inspect_orbax(path: str) -> None:
 
 
 def export(args) -> None:
-  from rft_jax import checkpoint, components, runs  # pylint: disable=g-import-not-at-top
+  from rft_jax import components, runs  # pylint: disable=g-import-not-at-top
   from rft_jax.algorithms import train_state as ts  # pylint: disable=g-import-not-at-top
   from rft_jax.models import hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
   from tools.export_base import load_config  # pylint: disable=g-import-not-at-top
@@ -113,15 +140,7 @@ def export(args) -> None:
                               '--config.a.b=v overrides the run was started with')
   except components.SetupError as e:
     raise usage_exit(str(e)) from None
-  if not os.path.isdir(os.path.join(args.workdir, 'checkpoints')):   # Checkpointer creates it
-    raise usage_exit(f'no checkpoint in {args.workdir}/checkpoints (not a run directory?)')
-  ckpt = checkpoint.Checkpointer(os.path.join(args.workdir, 'checkpoints'))
-  steps = ckpt.all_steps()
-  step = args.step if args.step is not None else ckpt.latest_step()
-  if step is None or step not in steps:
-    where = f'at step {step} ' if step is not None else ''
-    raise usage_exit(f'no checkpoint {where}in {args.workdir}/checkpoints (there: '
-                     f'{", ".join(map(str, steps)) or "none"})')
+  ckpt, step = open_run_checkpoint(args.workdir, args.step)
   try:
     state, *_ = ckpt.restore(step, runs.init_state(c.params, tx, shardings), shardings)
   except ValueError as e:   # shapes of a run this config does not build (no config.json)
@@ -149,10 +168,7 @@ def convert(args) -> None:
   from rft_jax import checkpoint  # pylint: disable=g-import-not-at-top
   from rft_jax.models import functional, hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
   from rft_jax.parallel import mesh as meshlib  # pylint: disable=g-import-not-at-top
-  try:   # before reading the weights: orbax's save replaces the whole --out directory
-    checkpoint.check_params_out(args.out)
-  except FileExistsError as e:
-    raise usage_exit(f'--out {e}') from None
+  check_out(args.out)   # before reading the weights: orbax's save replaces the whole --out
   cfg = hc.load_hf_config(args.hf_dir)
   mesh = meshlib.make_mesh({'data': 1, 'fsdp': -1, 'tensor': 1})
   _, abstract = functional.abstract_params(cfg)

@@ -15,7 +15,7 @@ import shutil
 
 from rft_jax import checkpoint, components, runs
 from rft_jax.algorithms import train_state as ts
-from tools.checkpoint import usage_exit
+from tools.checkpoint import check_out, open_run_checkpoint, usage_exit
 
 
 def load_config(path: str, overrides=()):
@@ -54,18 +54,8 @@ def main(argv=None):
   tx = ts.make_optimizer(config.optim)
   shardings = runs.state_shardings(c, tx)
   like = runs.init_state(c.params, tx, shardings)
-  try:   # before anything is read: a mistyped --out was deleted whole (rmtree)
-    checkpoint.check_params_out(args.out)
-  except FileExistsError as e:
-    raise usage_exit(f'--out {e}') from None
-  directory = os.path.join(args.workdir, 'checkpoints')
-  if not os.path.isdir(directory):   # Checkpointer would create it
-    raise usage_exit(f'no checkpoint in {directory} (not a run directory?)')
-  ckpt = checkpoint.Checkpointer(directory)
-  step = args.step if args.step is not None else ckpt.latest_step()
-  if step is None or step not in ckpt.all_steps():   # --step 99 was a FileNotFoundError
-    raise usage_exit(f'no checkpoint {"" if step is None else f"of step {step} "}in '
-                     f'{directory} (there: {ckpt.all_steps() or "none"})')
+  check_out(args.out)   # before anything is read: a mistyped --out was deleted whole
+  ckpt, step = open_run_checkpoint(args.workdir, args.step)
   state, _, meta, _ = ckpt.restore(step, like, shardings)
   if os.path.exists(args.out):
     shutil.rmtree(args.out)   # an earlier params directory (check_params_out)
