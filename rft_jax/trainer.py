@@ -30,7 +30,7 @@ from rft_jax.models import functional as lm
 from rft_jax.monitor import credit
 from rft_jax.monitor import monitor as monlib
 from rft_jax.monitor.detectors import MonitorConfig
-from rft_jax.monitor.remediation import Controls, Remediator
+from rft_jax.monitor.remediation import Controls, Remediator, health_metric
 from rft_jax.parallel import hostdata
 from rft_jax.parallel import mesh as meshlib
 from rft_jax.rewards import verifiers
@@ -148,7 +148,11 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   prompt_sh = (batch_sh if config.rollout.prompts_per_step % meshlib.batch_divisor(c.mesh) == 0
                else rep)
   to_device = lambda x: x if isinstance(x, jax.Array) else hostdata.place(x, batch_sh)
-  remediator = Remediator(mode, controls0, watch_steps=watch_steps, lr_factor=lr_factor)
+  # Verdicts judge recovery on the primary verifier's correctness, which a fault between the
+  # verifiers and the trainer (a reward scale, sign or added term) does not corrupt.
+  remediator = Remediator(mode, controls0, watch_steps=watch_steps, lr_factor=lr_factor,
+                          health_metric=health_metric(
+                              verifiers.primary_verifier(config.rewards.weights)))
   if 'remediator' in meta:
     remediator.load_state_dict(meta['remediator'])
   if reset_ref is not None:   # remediation had reset the reference policy before the checkpoint
@@ -304,7 +308,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
 
       if mcfg is not None:
         decision = incidents.handle_alarms(alarms, step, remediator, hooks, incident_log,
-                                 health=metrics.get('reward/mean'))
+                                 health=metrics.get(remediator.health_metric))
         if decision is not None and decision.halt:
           raise TrainingError(
               f'halted at step {step} by the failure monitor: {decision.reason}; '

@@ -98,8 +98,8 @@ def test_escalates_while_reward_stays_below_its_pre_onset_level():
   # The console names the escalated action and which half of the verdict failed.
   lines = [describe_incident(e['step'], e) for e in r.drain_log() if e['kind'] == 'verdict']
   assert lines[0].endswith(
-      'verdict on lower_lr for gradient_explosion: did not help: the reward has not recovered '
-      '(score 5 -> 0, reward 0.8 -> 0.5)'), lines[0]
+      'verdict on lower_lr for gradient_explosion: did not help: reward/mean has not recovered '
+      '(score 5 -> 0, reward/mean 0.8 -> 0.5)'), lines[0]
   assert 'verdict on lower_lr (escalated 1x) for gradient_explosion' in lines[1], lines[1]
 
 

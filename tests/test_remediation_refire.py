@@ -62,7 +62,7 @@ def test_a_verdict_that_keeps_an_action_without_escalating_says_so():
     decisions.append(r.on_step(23, {'gradient_explosion': 4.0}, 0.3))
   assert decisions[0].action == 'escalate_lower_lr' and decisions[1] is None
   lines = [describe_incident(e['step'], e) for e in r.drain_log() if e['kind'] == 'verdict']
-  assert 'did not help: the reward has not recovered (score' in lines[0], lines[0]
-  assert ('verdict on lower_lr (escalated 1x) for gradient_explosion: did not help: the reward '
+  assert 'did not help: reward/mean has not recovered (score' in lines[0], lines[0]
+  assert ('verdict on lower_lr (escalated 1x) for gradient_explosion: did not help: reward/mean '
           'has not recovered; kept (no escalation left) (score 5 -> 4') in lines[1], lines[1]
   assert r.controls.lr_scale == pytest.approx(0.01)

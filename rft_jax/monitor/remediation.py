@@ -10,8 +10,9 @@ decides. Modes (config.monitor.mode):
          before the incident's onset, change one control (below), then watch `watch_steps`
          steps. Verdict at the end of the watch:
            - the incident's score has not fallen: the action is undone;
-           - it fell but the run's health (mean reward over the watch) is still below its level
-             before the onset (by more than `health_tol`): the action was too weak for the fault
+           - it fell but the run's health (the mean of `health_metric` over the watch) is still
+             below its level before the onset (by more than `health_tol`): the action was too
+             weak for the fault
              (e.g. a persistent learning-rate fault); it is applied once more on top and the
              checkpoint before the onset is restored again, at most `max_escalations` times;
            - otherwise it helped and is kept.
@@ -27,6 +28,12 @@ decides. Modes (config.monitor.mode):
          watch's verdict: kept, escalated or undone, not acted on once more). Actions that
          change nothing (skip_batch, warn_only) are recorded but not watched, so they block
          nothing.
+         The health metric (health_metric below) is the verifier correctness the trainer logs,
+         `reward/<primary verifier>/mean`, not the reward the trainer learns from: a fault in
+         the reward pipeline (a scale, a sign, an added term) corrupts `reward/mean` itself, so
+         judging recovery on it read 'helped' on a reward 100x its level. `health_tol` (0.05)
+         is then 5 points of the fraction of correct answers, whatever the reward weights; a
+         run without a verifier falls back to `reward/mean`, in reward units.
          Non-finite parameters (signature nonfinite_params) get restore_and_lower_lr like any
          restoring action. Whenever that restore does not happen at once (another action is
          being watched, restores used up, the action was undone before, no checkpoint before
@@ -48,10 +55,18 @@ Controls are run-time knobs (TrainState.controls and the sampler temperature):
   warn_only         report only
 """
 import dataclasses
+import math
 from typing import Any
 
 RESTORING_ACTIONS = ('lower_lr', 'raise_kl_coef', 'raise_temperature', 'reset_reference',
                      'restore_and_lower_lr')
+
+
+def health_metric(primary: str | None) -> str:
+  """The metric whose recovery verdicts judge: the primary verifier's mean (the trainer logs
+  `reward/<name>/mean` per verifier), which faults between the verifiers and the trainer leave
+  intact; `reward/mean` when there is no verifier to name (see the module doc)."""
+  return f'reward/{primary}/mean' if primary else 'reward/mean'
 
 
 @dataclasses.dataclass
@@ -116,7 +131,7 @@ class Remediator:
 
   def __init__(self, mode: str, controls: Controls, watch_steps: int = 10,
                lr_factor: float = 0.1, health_tol: float = 0.05, max_escalations: int = 2,
-               max_restores: int = 4):
+               max_restores: int = 4, health_metric: str = 'reward/mean'):
     if mode not in ('off', 'warn', 'halt', 'auto'):
       raise ValueError(f"monitor mode {mode!r}: expected off, warn, halt or auto")
     self.mode = mode
@@ -126,9 +141,10 @@ class Remediator:
     self.health_tol = health_tol
     self.max_escalations = max_escalations
     self.max_restores = max_restores
+    self.health_metric = health_metric   # the name of what `health` is (on_step)
     self.restores = 0                # checkpoint restores done so far
     self.undone: set[str] = set()    # signatures whose action did not help
-    self.health: dict[int, float] = {}   # step -> health signal (mean reward), latest pass
+    self.health: dict[int, float] = {}   # step -> health_metric's value, latest pass
     self.watches: list[Watch] = []
     self.deferred: list[dict[str, Any]] = []   # incidents that fired while a watch was open
     self.log: list[dict[str, Any]] = []   # decisions and verdicts not yet handed out
@@ -139,14 +155,20 @@ class Remediator:
             'watches': [dataclasses.asdict(w) for w in self.watches],
             'deferred': list(self.deferred),
             'health': {str(s): v for s, v in self.health.items()},
+            'health_metric': self.health_metric,
             'restores': self.restores, 'undone': sorted(self.undone)}
 
   def load_state_dict(self, d: dict[str, Any]) -> None:
-    """Restores state_dict()'s output: a resumed run judges pending actions as if uninterrupted."""
+    """Restores state_dict()'s output: a resumed run judges pending actions as if uninterrupted.
+    A history of another metric (a checkpoint from before verdicts judged the verifier's
+    correctness: reward/mean) is dropped, so no verdict compares one metric with the other."""
     self.controls = Controls(**d['controls'])
     self.watches = [Watch(**{**w, 'controls_before': Controls(**w['controls_before'])})
                     for w in d['watches']]
     self.health = {int(s): float(v) for s, v in d['health'].items()}
+    if d.get('health_metric', 'reward/mean') != self.health_metric:
+      self.health = {}
+      self.watches = [dataclasses.replace(w, health_before=None) for w in self.watches]
     self.deferred = list(d.get('deferred', ()))
     self.restores, self.undone = int(d.get('restores', 0)), set(d.get('undone', ()))
 
@@ -218,11 +240,12 @@ class Remediator:
               health: float | None = None) -> Decision | None:
     """Judges watched actions whose window has ended (see the module doc).
 
-    scores: the current score of every signature (0 when inactive). health: this step's health
-    signal (mean reward), remembered per step (a rewound step overwrites its old value). Called
-    at every step, after that step's on_incident calls.
+    scores: the current score of every signature (0 when inactive). health: this step's value
+    of health_metric, remembered per step (a rewound step overwrites its old value; a NaN, a
+    verifier that failed on every sample, is not remembered). Called at every step, after that
+    step's on_incident calls.
     """
-    if health is not None:
+    if health is not None and math.isfinite(health):
       self.health[step] = float(health)
     due = [w for w in self.watches if step >= w.until and not w.fresh]
     self.watches = [w for w in self.watches if w not in due]
@@ -237,7 +260,8 @@ class Remediator:
                   and self.restores < self.max_restores)
       self.log.append({'step': step, 'kind': 'verdict', 'signature': w.signature,
                        'action': w.action, 'score_at_action': w.score_at_action,
-                       'score_now': now, 'health_before': w.health_before,
+                       'score_now': now, 'health_metric': self.health_metric,
+                       'health_before': w.health_before,
                        'health_now': health_now, 'helped': fell and recovered,
                        'score_fell': fell, 'escalations': w.escalations,
                        'kept': fell and not escalate})
@@ -257,8 +281,8 @@ class Remediator:
         decision = self._record(step, Decision(   # the restore undoes a reset: reset again
             f'escalate_{w.action}', self.controls, restore_before=w.onset,
             reset_reference=w.action == 'reset_reference',
-            reason=(f'{w.signature}: reward {health_now:.3f} still below {w.health_before:.3f} '
-                    f'before the onset')))
+            reason=(f'{w.signature}: {self.health_metric} {health_now:.3f} still below '
+                    f'{w.health_before:.3f} before the onset')))
     self.watches = [dataclasses.replace(w, fresh=False) for w in self.watches]
     while decision is None and not self.watches and self.deferred:
       incident = self.deferred.pop(0)

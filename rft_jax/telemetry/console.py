@@ -190,14 +190,15 @@ def describe_incident(step: int, incident: Mapping[str, Any]) -> str:
     action = incident.get('action')
     if incident.get('escalations'):
       action = f"{action} (escalated {incident['escalations']}x)"
+    metric = incident.get('health_metric')   # absent in entries from before it was logged
     outcome = ('helped' if incident.get('helped') else
-               'did not help: the reward has not recovered' if incident.get('score_fell') else
-               'did not help: the score did not fall')
+               f"did not help: {metric or 'the reward'} has not recovered"
+               if incident.get('score_fell') else 'did not help: the score did not fall')
     if incident.get('kept') and not incident.get('helped'):   # escalations or restores used up
       outcome += '; kept (no escalation left)'
     return (f"step {step}: verdict on {action} for {incident.get('signature')}: {outcome} (score "
             f"{format_value(incident.get('score_at_action'))} -> "
-            f"{format_value(incident.get('score_now'))}, reward "
+            f"{format_value(incident.get('score_now'))}, {metric or 'reward'} "
             f"{format_value(incident.get('health_before'))} -> "
             f"{format_value(incident.get('health_now'))})")
   if kind != 'incident':
