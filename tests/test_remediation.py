@@ -56,15 +56,16 @@ def test_action_is_undone_when_the_score_did_not_fall():
 
 
 def test_late_detection_is_judged_after_the_replay_and_not_retried():
-  """Detected 12 steps after onset with watch_steps 10: the window ends (onset + 10) before the
-  step that acts; the verdict waits for the replay. A fault that persists after the restore
-  re-fires the same signature: no second restore (it used to restore and replay forever)."""
+  """Detected 12 steps after onset with watch_steps 10: the window would end (onset + 10)
+  before the step that acts; the verdict waits for the replay to pass the detecting step
+  (test_remediation_verdict.py). A fault that persists after the restore re-fires the same
+  signature: no second restore (it used to restore and replay forever)."""
   r = Remediator('auto', Controls(), watch_steps=10)
   d = r.on_incident(incident(score=2.0, onset=27), 39)
   assert d.restore_before == 27 and r.on_step(39, {'gradient_explosion': 2.0}, 0.5) is None
   assert not [e for e in r.drain_log() if e['kind'] == 'verdict']   # not judged yet
-  feed_health(r, range(26, 37), 0.5)                                # the replay
-  d = r.on_step(37, {'gradient_explosion': 2.0}, 0.5)
+  feed_health(r, range(26, 40), 0.5)                                # the replay
+  d = r.on_step(40, {'gradient_explosion': 2.0}, 0.5)
   assert d.action == 'undo_lower_lr' and r.controls.lr_scale == 1.0
   assert r.on_incident(incident(score=2.0, onset=27), 39) is None   # reported only
 

@@ -12,20 +12,28 @@ decides. Modes (config.monitor.mode):
            - the incident's score has not fallen: the action is undone;
            - it fell but the run's health (the mean of `health_metric` over the watch) is still
              below its level before the onset (by more than `health_tol`): the action was too
-             weak for the fault
-             (e.g. a persistent learning-rate fault); it is applied once more on top and the
-             checkpoint before the onset is restored again, at most `max_escalations` times;
+             weak for the fault (e.g. a persistent learning-rate fault); it is applied once
+             more on top and the checkpoint before the onset is restored again, at most
+             `max_escalations` times;
            - otherwise it helped and is kept.
-         An action is judged no earlier than the step after it (a late detection can put the
-         end of its window, onset + watch_steps, before the step that took it). A signature
-         whose action was undone gets no second action (it is still reported), and at most
-         `max_restores` checkpoint restores happen per run: a fault that persists after a
-         restore would otherwise be detected, restored and replayed forever (one the trainer
-         could not do, no checkpoint preceding the onset, is not counted: restore_missed).
+         The watch ends at onset + watch_steps, but never before the step after the one that
+         detected the incident (window_end): the replay after a restore runs the steps from
+         the onset again, and a late detection (step 5 for an onset at 3, watch_steps 1) was
+         judged at step 4 of the replay, where even the faulty run had not fired yet: its
+         score was 0, so it always 'fell', and the reward of a step under the fault decided
+         escalations. An escalation's watch ends at the same step as the first one.
+         A signature whose action was undone gets no second action (it is still reported),
+         and at most `max_restores` checkpoint restores happen per run: a fault that persists
+         after a restore would otherwise be detected, restored and replayed forever (one the
+         trainer could not do, no checkpoint preceding the onset, is not counted:
+         restore_missed). The incident of a kept action gets none either: an incident of the
+         same fault class whose onset is at or before the end of that watch (the replay, or
+         a look-alike signature such as kl_explosion_with_clipping for kl_explosion, detecting
+         the same fault again) is reported only; only escalation stacks an action on itself.
          One action is watched at a time: a critical incident that fires meanwhile waits, and
-         is acted on when the watch ends if its signature is still active (the watched
-         signature itself firing again, as a replay re-detects its fault, is left to that
-         watch's verdict: kept, escalated or undone, not acted on once more). Actions that
+         is acted on when the watch ends if its signature is still active (one of the watched
+         fault class, as a replay re-detects its fault, is left to that watch's verdict:
+         kept, escalated or undone, not acted on once more). Actions that
          change nothing (skip_batch, warn_only) are recorded but not watched, so they block
          nothing.
          The health metric (health_metric below) is the verifier correctness the trainer logs,
@@ -36,9 +44,10 @@ decides. Modes (config.monitor.mode):
          run without a verifier falls back to `reward/mean`, in reward units.
          Non-finite parameters (signature nonfinite_params) get restore_and_lower_lr like any
          restoring action. Whenever that restore does not happen at once (another action is
-         being watched, restores used up, the action was undone before, no checkpoint before
-         the onset) the trainer stops the run (runs.check_finite): a deferred incident is
-         fine for drifting signals, but no step may train on from broken parameters. A streak
+         being watched, restores used up, the action was undone before or kept for the same
+         incident, no checkpoint before the onset) the trainer stops the run
+         (runs.check_finite): a deferred incident is fine for drifting signals, but no step
+         may train on from broken parameters. A streak
          of monitor.max_skipped_steps steps whose update(s) a non-finite loss or gradient
          skipped (signature skipped_streak, which the trainer reports in every mode) gets the
          same action and the same rules: restored from before the streak, or else the run
@@ -124,6 +133,16 @@ class Watch:
   health_before: float | None
   escalations: int = 0
   fresh: bool = True   # taken during this step: judged from the next on_step call on
+  fault_class: str = ''   # the incident's ('' in checkpoints from before: the signature)
+  detected: int | None = None   # the step that took the action (None: from an older checkpoint)
+
+  @property
+  def incident_class(self) -> str:
+    return self.fault_class or self.signature
+
+
+def _incident_class(incident: dict) -> str:
+  return incident.get('fault_class') or incident['signature']
 
 
 class Remediator:
@@ -144,6 +163,7 @@ class Remediator:
     self.health_metric = health_metric   # the name of what `health` is (on_step)
     self.restores = 0                # checkpoint restores done so far
     self.undone: set[str] = set()    # signatures whose action did not help
+    self.kept: dict[str, int] = {}   # fault class -> end of the watch of its kept action
     self.health: dict[int, float] = {}   # step -> health_metric's value, latest pass
     self.watches: list[Watch] = []
     self.deferred: list[dict[str, Any]] = []   # incidents that fired while a watch was open
@@ -156,7 +176,7 @@ class Remediator:
             'deferred': list(self.deferred),
             'health': {str(s): v for s, v in self.health.items()},
             'health_metric': self.health_metric,
-            'restores': self.restores, 'undone': sorted(self.undone)}
+            'restores': self.restores, 'undone': sorted(self.undone), 'kept': dict(self.kept)}
 
   def load_state_dict(self, d: dict[str, Any]) -> None:
     """Restores state_dict()'s output: a resumed run judges pending actions as if uninterrupted.
@@ -171,6 +191,7 @@ class Remediator:
       self.watches = [dataclasses.replace(w, health_before=None) for w in self.watches]
     self.deferred = list(d.get('deferred', ()))
     self.restores, self.undone = int(d.get('restores', 0)), set(d.get('undone', ()))
+    self.kept = {str(k): int(v) for k, v in d.get('kept', {}).items()}
 
   def restore_missed(self, step: int) -> None:
     """The trainer found no checkpoint before the restore_before of the decision just taken
@@ -202,8 +223,9 @@ class Remediator:
                                          onset=int(incident['onset_step']),
                                          reason=f"{incident['fault_class']} ({why})"))
     if self.watches:   # one action at a time: this one waits for the watched one's verdict
-      waiting = [w.signature for w in self.watches] + [i['signature'] for i in self.deferred]
-      if incident['signature'] not in waiting:   # a watched one's re-fire is that verdict's
+      watched = {w.incident_class for w in self.watches}   # a re-fire is that verdict's
+      waiting = [i['signature'] for i in self.deferred]
+      if _incident_class(incident) not in watched and incident['signature'] not in waiting:
         self.deferred.append(incident)
       return None
     action = incident['remediation']
@@ -212,9 +234,9 @@ class Remediator:
                                          reason=f"{incident['fault_class']} since step "
                                                 f"{incident['onset_step']}"))
     restoring = action in RESTORING_ACTIONS
-    if incident['signature'] in self.undone or (restoring and
-                                                self.restores >= self.max_restores):
-      return None      # tried and undone, or out of restores: reported only
+    if (incident['signature'] in self.undone or self.kept_before(incident) or
+        (restoring and self.restores >= self.max_restores)):
+      return None      # tried and undone, already kept for it, or out of restores: reported
     before = self.controls
     self.controls = apply_action(action, before, self.lr_factor)
     restore = incident['onset_step'] if restoring else None
@@ -222,11 +244,26 @@ class Remediator:
     onset = int(incident['onset_step'])
     resume_from = onset if restore is not None else step   # where the watched run restarts
     self.watches.append(Watch(incident['signature'], action, float(incident['score']), before,
-                              resume_from + self.watch_steps, onset, self._health_before(onset)))
+                              self.window_end(resume_from, step), onset,
+                              self._health_before(onset), fault_class=_incident_class(incident),
+                              detected=step))
     return self._record(step, Decision(
         action, self.controls, restore_before=restore,
         reset_reference=action == 'reset_reference',
         reason=f"{incident['fault_class']} since step {onset}"))
+
+  def window_end(self, resume_from: int, detected: int | None) -> int:
+    """The step of the verdict on an action taken at step `detected` whose run restarts at
+    `resume_from` (the onset after a restore, else `detected`): watch_steps steps on, but
+    never before the step after the detecting one (see the module doc)."""
+    end = resume_from + self.watch_steps
+    return end if detected is None else max(end, detected + 1)
+
+  def kept_before(self, incident: dict) -> bool:
+    """Whether `incident` is the one a kept action was for: its fault class, with an onset at
+    or before the end of that action's watch (see the module doc)."""
+    end = self.kept.get(_incident_class(incident))
+    return end is not None and int(incident['onset_step']) <= end
 
   def _health_before(self, onset: int) -> float | None:
     vals = [v for s, v in self.health.items() if onset - self.watch_steps <= s < onset]
@@ -267,6 +304,8 @@ class Remediator:
                        'kept': fell and not escalate})
       if w.action in ('skip_batch', 'warn_only'):
         continue
+      if fell and not escalate:
+        self.kept[w.incident_class] = max(w.until, self.kept.get(w.incident_class, w.until))
       if not fell:
         self.undone.add(w.signature)
         self.controls = w.controls_before
@@ -277,7 +316,7 @@ class Remediator:
         self.restores += 1
         self.controls = apply_action(w.action, self.controls, self.lr_factor)
         self.watches.append(dataclasses.replace(
-            w, until=w.onset + self.watch_steps, escalations=w.escalations + 1))
+            w, until=self.window_end(w.onset, w.detected), escalations=w.escalations + 1))
         decision = self._record(step, Decision(   # the restore undoes a reset: reset again
             f'escalate_{w.action}', self.controls, restore_before=w.onset,
             reset_reference=w.action == 'reset_reference',
