@@ -57,3 +57,17 @@ def test_short_warm_up_is_quiet_on_healthy_traces_and_still_detects():
     hit = [t for t in range(onset, onset + 11)
            for k in np.flatnonzero(al.fired[i, t]) if sigs.SIGNATURES[k].fault_class == fault]
     assert hit, (fault, onset)
+
+
+def test_onset_is_not_the_start_of_a_small_excursion_before_the_fault():
+  # Reward steady at 0.5 (+-0.01) for 20 steps, 0.012 below it for 3 (a CUSUM_neg of a few
+  # tenths: noise, not a fault), then a collapse to 0.3 at step 23. The excursion's start
+  # used to be the onset (step 20); a CUSUM within one allowance (cusum_k) of 0 now restarts it.
+  cfg = MonitorConfig()
+  reward = np.r_[0.5 + 0.01 * (-1.0) ** np.arange(20), [0.488] * 3, [0.3] * 8]
+  al = alarms_of([{'reward/mean': reward}], cfg)
+  k = sigs.SIGNATURE_NAMES.index('reward_collapse')
+  fired = np.flatnonzero(al.fired[0, :, k])
+  assert len(fired) == 1 and 23 <= fired[0] <= 27, fired
+  assert 0 < al.signal_down[0, 22, 0] < 1                # SIGNALS[0] = reward/mean
+  assert al.onset[0, fired[0], k] == 23

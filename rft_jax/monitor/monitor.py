@@ -15,8 +15,9 @@ then every signature k (signatures.SIGNATURES, K of them) evaluates
   holds_k    = strength_k >= 1 and all its 'not_up' gates hold
   active_k   = holds_k or (active_k(prev) and strength_k >= release and gates hold)
   fired_k    = active_k and not active_k(prev)
-  onset_k    = earliest start among its conditions (CUSUM excursion start, or the first
-               violating step of an invariant streak), latched when it fires.
+  onset_k    = earliest start among its conditions (CUSUM excursion start: the step after the
+               CUSUM was last within cusum_k of 0; or the first violating step of an invariant
+               streak), latched when it fires.
 While k is active, the signals it uses adapt only slowly (detectors.py: freeze).
 """
 from __future__ import annotations
