@@ -16,7 +16,8 @@ kernels [in, out]):
 Params are float32 whatever the dtype on disk (bf16 and fp16 widen exactly); the config's dtype
 becomes the compute dtype. Every unsupported architecture or config value that would change the
 maths raises HFCheckpointError with one line naming the file and the field; fields that do not
-(dropout, pretraining_tp, token ids, use_cache) are ignored.
+(dropout, pretraining_tp, use_cache) are ignored. The bos/eos/pad token ids must be ids of the
+vocabulary (or null / negative: none); they are not otherwise used here (rft_jax.tokenizer).
 """
 import contextlib
 import json
@@ -112,6 +113,25 @@ def _rope(hf: dict, path: str) -> tuple[float, tuple | None]:
   return float(theta), tuple(sorted({**pairs, 'rope_type': 'llama3'}.items()))
 
 
+TOKEN_ID_KEYS = ('bos_token_id', 'eos_token_id', 'pad_token_id')
+
+
+def _check_token_ids(hf: dict, path: str) -> None:
+  """config.json's bos/eos/pad ids: each an id or a list of ids (Llama 3's list of EOS ids);
+  null or negative means none (rft_jax.tokenizer reads them so). One at or past vocab_size is
+  no row of the embedding (a gather there is clamped on device: silently another token), so it
+  is refused with the others that are not ids."""
+  vocab = hf['vocab_size']
+  for key in TOKEN_ID_KEYS:
+    value = hf.get(key)
+    ids = [] if value is None else value if isinstance(value, list) else [value]
+    if not all(type(i) is int for i in ids):
+      _fail(path, key, value, 'expected a token id, a list of ids, or null')
+    if any(i >= vocab for i in ids):
+      _fail(path, key, value, f'{max(ids)} is not a token (vocab_size={vocab}: ids 0 to '
+            f'{vocab - 1}; null or a negative id means none)')
+
+
 def load_hf_config(model_dir: str) -> ModelConfig:
   """ModelConfig from `model_dir/config.json`.
 
@@ -126,6 +146,7 @@ def load_hf_config(model_dir: str) -> ModelConfig:
   - dtype: `torch_dtype` / `dtype` float32 or bfloat16 computes in that dtype; float16 computes
     in bfloat16 (see DTYPES); params are float32 regardless.
   - quantized checkpoints (`quantization_config`) fail.
+  - bos/eos/pad_token_id at or past vocab_size fail (_check_token_ids).
   """
   hf = read_config_json(model_dir)
   path = os.path.join(model_dir, CONFIG)
@@ -134,6 +155,7 @@ def load_hf_config(model_dir: str) -> ModelConfig:
               'num_attention_heads'):
     if type(hf.get(key)) is not int or hf[key] < 1:
       _fail(path, key, hf.get(key), 'required (an integer >= 1)')
+  _check_token_ids(hf, path)
   for key, kind, nullable in (('rms_norm_eps', float, False),   # null: was a traceback
                               ('max_position_embeddings', int, False), ('rope_theta', float, True),
                               ('head_dim', int, True), ('num_key_value_heads', int, True)):
