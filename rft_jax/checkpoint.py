@@ -366,8 +366,11 @@ def save_params(path: str, params: Any) -> None:
     ckptr.save(os.path.abspath(path), params, force=True)
 
 
-def load_params(path: str, like_params: Any, shardings: Any = None) -> Any:
-  """Reads params saved by save_params into the structure (and shardings) of like_params."""
+def check_params(path: str, like_params: Any) -> None:
+  """FileNotFoundError / ValueError (first line: what is wrong) unless `path` is a params
+  directory of save_params whose arrays have the names and shapes of like_params (arrays or
+  ShapeDtypeStructs). Reads orbax's metadata only, never an array: load_params checks this
+  before reading (orbax's failed async reads log pages of tracebacks), --validate_only too."""
   path = os.path.abspath(path)
   if not os.path.isdir(path):
     raise FileNotFoundError(f'no parameter checkpoint at {path}')
@@ -375,12 +378,18 @@ def load_params(path: str, like_params: Any, shardings: Any = None) -> Any:
     raise ValueError(f'{path} is not a parameter checkpoint (no orbax _CHECKPOINT_METADATA)')
   with ocp.StandardCheckpointer() as ckptr:
     saved = ckptr.metadata(path).item_metadata
-    # Compared before orbax reads: its failed async reads log pages of tracebacks.
-    shapes = lambda tree: {'/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in p):
-                           tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
-    have, want = shapes(saved), shapes(like_params)
-    for name in sorted(set(have) | set(want)):
-      if have.get(name) != want.get(name):
-        raise ValueError(f'does not match config.model: {name} is {have.get(name) or "absent"} '
-                         f'there, {want.get(name) or "absent"} in this model')
-    return ckptr.restore(path, _abstract(like_params, shardings))
+  shapes = lambda tree: {'/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in p):
+                         tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  have, want = shapes(saved), shapes(like_params)
+  for name in sorted(set(have) | set(want)):
+    if have.get(name) != want.get(name):
+      raise ValueError(f'does not match config.model: {name} is {have.get(name) or "absent"} '
+                       f'there, {want.get(name) or "absent"} in this model')
+
+
+def load_params(path: str, like_params: Any, shardings: Any = None) -> Any:
+  """Reads params saved by save_params into the structure (and shardings) of like_params
+  (check_params first)."""
+  check_params(path, like_params)
+  with ocp.StandardCheckpointer() as ckptr:
+    return ckptr.restore(os.path.abspath(path), _abstract(like_params, shardings))

@@ -2,6 +2,7 @@
 
 Shared by the RL trainer and the SFT trainer so both load models and data the same way.
 """
+import contextlib
 import dataclasses
 import os
 from typing import Any
@@ -93,14 +94,68 @@ def _check_chat_template(config, tokenizer) -> bool:
   return chat
 
 
+def _like(abstract_state):
+  """ShapeDtypeStructs of the params pure dict (what init_from must hold)."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                      nnx.to_pure_dict(abstract_state))
+
+
+@contextlib.contextmanager
+def _init_from_errors(config):
+  """checkpoint.check_params / load_params errors as SetupError naming config.init_from."""
+  try:
+    yield
+  except FileNotFoundError as e:
+    raise SetupError(f'config.init_from: {e}') from None
+  except ValueError as e:   # not a checkpoint, or arrays config.model does not have
+    hint = ("; --config.init_from= starts from model.path's weights"
+            if config.model.get('path', '') else '')   # a recipe's init_from kept beside it
+    raise SetupError(f'config.init_from={config.init_from}: {str(e).splitlines()[0]}'
+                     + hint) from None
+
+
+def _distributed_env() -> bool:
+  """Whether the variables of rft_jax/parallel/distributed.py ask for several processes: the
+  devices of the other hosts are then not known before jax.distributed starts."""
+  return bool(os.environ.get('JAX_COORDINATOR_ADDRESS')) or os.environ.get(
+      'RFT_DISTRIBUTED', '') in ('1', 'true')
+
+
+def check_mesh(config, model_cfg: ModelConfig) -> None:
+  """config.mesh against this machine's devices (data*fsdp*tensor at most jax.device_count(),
+  a -1 resolved to the rest) and against the model (meshlib.check_model_fits_mesh), as build
+  does first, placing nothing. With the multi-process variables set, the device count is not
+  known before jax.distributed starts: only the fixed axes are checked against the model."""
+  if _distributed_env():
+    shape = [max(int(config.mesh[a]), 1) for a in meshlib.MESH_AXES]   # -1: not known here
+    note = ''
+  else:
+    try:
+      shape = meshlib.mesh_shape(config.mesh, jax.device_count())
+    except meshlib.MeshError as e:
+      devices = jax.devices()
+      raise SetupError(f'{e} ({len(devices)} x {devices[0].platform} on this machine)') from None
+    note = meshlib.resolved_note(config.mesh, shape)
+  try:
+    meshlib.check_model_fits_mesh(model_cfg, shape)
+  except meshlib.MeshError as e:
+    raise SetupError(str(e) + note) from None
+
+
 def check_setup(config) -> None:
   """What `--validate_only` checks beyond the config, building nothing: the model section
   against model.path's config.json, its weight files (each opens; their headers hold every
   tensor the model needs, of its shape and a float dtype; not with init_from, whose weights the
   run reads instead), the tokenizer (it loads; its
   vocabulary fits the model) and, for GSM8K, both files of task.manual_dir (every line parsed)
-  and the chat template. SetupError naming the key, file and record."""
+  and the chat template; config.mesh against this machine's devices and the model
+  (check_mesh); init_from's array names and shapes against the model (its orbax metadata, no
+  array read). SetupError naming the key, file and record."""
   model_cfg = model_config(config)   # first: its message lists every field to set
+  check_mesh(config, model_cfg)
+  if config.init_from:
+    with _init_from_errors(config):
+      checkpoint.check_params(config.init_from, _like(lm.abstract_params(model_cfg)[1]))
   if config.model.get('path', '') and not config.init_from:   # else build reads init_from's
     try:   # every weight file opens (a download cut short fails here, not at load)
       hf_checkpoint.check_readable(config.model.path)
@@ -141,17 +196,8 @@ def build(config, data: bool = True) -> Components:
   graphdef, abstract_state = lm.abstract_params(model_cfg)
   shardings = meshlib.param_shardings(abstract_state, mesh)
   if config.init_from:
-    like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                        nnx.to_pure_dict(abstract_state))
-    try:
-      params = checkpoint.load_params(config.init_from, like, shardings)
-    except FileNotFoundError as e:
-      raise SetupError(f'config.init_from: {e}') from None
-    except ValueError as e:   # not a checkpoint, or arrays config.model does not have
-      hint = ("; --config.init_from= starts from model.path's weights"
-              if config.model.get('path', '') else '')   # a recipe's init_from kept beside it
-      raise SetupError(f'config.init_from={config.init_from}: {str(e).splitlines()[0]}'
-                       + hint) from None
+    with _init_from_errors(config):
+      params = checkpoint.load_params(config.init_from, _like(abstract_state), shardings)
   elif config.model.get('path', ''):
     try:
       params = hf_checkpoint.load_hf_params(config.model.path, model_cfg, shardings)

@@ -10,7 +10,8 @@ added, parsed as its schema type. `--workdir`
 defaults to `runs/<config.name>`. A recipe with a `sft` section runs `rft_jax.sft.run`, one with a
 `dpo` section `rft_jax.dpo_trainer.run` (offline or online DPO), any other the RL trainer
 `rft_jax.trainer.run`. `--validate_only` checks the config and the files it names
-(components.check_setup: model.path's config.json, the tokenizer, GSM8K's data), prints
+(components.check_setup: model.path's config.json, init_from's shapes, config.mesh against the
+devices, the tokenizer, GSM8K's data), prints
 'config OK' and exits. The same steps are a Python API: rft_jax/api.py.
 
 Any bad input (a missing or broken config file, an unknown override key, an override that does

@@ -278,3 +278,49 @@ def test_faults_from_the_command_line(monkeypatch):
   result = _cli('--config', 'configs/grpo_arith.py:tiny', '--validate_only',
                 '--config.faults=lr_spike')
   _assert_usage_error(result, "--config.faults='lr_spike': not a Python list of fault dicts")
+
+
+@pytest.mark.parametrize('make,override,message', [
+    (lambda d: None, '--config.mesh.data=TWICE',
+     r"config.mesh=\{'data': TWICE, 'fsdp': 1, 'tensor': 1\} needs TWICE devices "
+     r'\(data\*fsdp\*tensor\) but only NDEV are present \(NDEV x cpu on this machine\)'),
+    (lambda d: None, '--config.model.hidden_size=64',
+     r'config.init_from=\S+arith_base: does not match config.model: embed_tokens/embedding is '
+     r'\(18, 128\) there, \(18, 64\) in this model'),
+    (lambda d: (d / 'empty').mkdir(), '--config.init_from={d}/empty',
+     r'config.init_from=\S+/empty: \S+/empty is not a parameter checkpoint \(no orbax '
+     r'_CHECKPOINT_METADATA\)'),
+])
+def test_validate_only_checks_the_mesh_and_init_from(make, override, message, tmp_path,
+                                                     monkeypatch, capsys):
+  """--validate_only said 'config OK' for a mesh larger than the machine and for an init_from
+  that does not fit the model; the run then exited 2. Now the same one line, from the devices
+  and init_from's orbax metadata (no array read, nothing compiled)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  n = jax.device_count()
+  make(tmp_path)
+  monkeypatch.chdir(REPO)
+  monkeypatch.delenv('JAX_COORDINATOR_ADDRESS', raising=False)
+  monkeypatch.delenv('RFT_DISTRIBUTED', raising=False)
+  rc = main_lib.main(['main', '--config', 'configs/grpo_arith.py:tiny', '--validate_only',
+                      override.format(d=tmp_path).replace('TWICE', str(2 * n))])
+  err = [line for line in capsys.readouterr().err.splitlines()
+         if not line.startswith('WARNING:absl:')]
+  assert rc == 2 and len(err) == 1, err
+  message = message.replace('TWICE', str(2 * n)).replace('NDEV', str(n))
+  assert re.fullmatch('error: ' + message, err[0]), err[0]
+
+
+def test_validate_only_leaves_the_device_count_to_a_multi_process_run(monkeypatch, capsys):
+  """With jax.distributed's variables set, the other hosts' devices are not known before it
+  starts: a mesh larger than this machine passes (the fixed axes still meet the model)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  monkeypatch.chdir(REPO)
+  monkeypatch.setenv('RFT_DISTRIBUTED', '1')
+  rc = main_lib.main(['main', '--config', 'configs/grpo_arith.py:tiny', '--validate_only',
+                      f'--config.mesh.data={2 * jax.device_count()}'])
+  assert rc == 0 and capsys.readouterr().out.strip() == 'config OK'
+  rc = main_lib.main(['main', '--config', 'configs/grpo_arith.py:tiny', '--validate_only',
+                      '--config.mesh.tensor=3'])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and err.startswith('error: config.mesh.tensor=3 does not divide model '), err
