@@ -51,3 +51,32 @@ def test_tools_refuse_an_out_that_is_not_a_params_directory(tmp_path, capsys):
                                     str(tmp_path / 'no-run'), '--out', str(tmp_path / 'new')]),
           'error: no checkpoint in .*no-run/checkpoints.*\n')
   assert not (tmp_path / 'no-run').exists()   # Checkpointer had created it
+
+
+def test_tools_expand_a_leading_tilde_in_their_paths(tmp_path, monkeypatch, capsys):
+  """`--out=~/x` reaches the tool with its `~` (the shell expands only a word that starts with
+  it): tools.checkpoint and tools.export_base took it as a directory named `~` in the current
+  one. Now expanded, as config paths are: --out ~/victim is the user's victim, refused."""
+  from tools import checkpoint as tool  # pylint: disable=g-import-not-at-top
+  from tools import export_base  # pylint: disable=g-import-not-at-top
+  _victim(tmp_path)
+  monkeypatch.setenv('HOME', str(tmp_path))
+  def refused(call, message):
+    with pytest.raises(SystemExit) as info:
+      call()
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith(f'error: {message}'), err
+  refused(lambda: tool.main(['convert', '~/no-model', '--out=~/victim']),
+          f'--out {tmp_path}/victim exists and is not a parameter checkpoint')
+  refused(lambda: tool.main(['convert', '~/no-model', '--out=~/new']),
+          f'{tmp_path}/no-model/config.json: not found')
+  refused(lambda: export_base.main(['--config', 'configs/sft_arith.py:tiny',
+                                    '--workdir=~/no-run', '--out=~/victim']),
+          f'--out {tmp_path}/victim exists and is not a parameter checkpoint')
+  refused(lambda: export_base.main(['--config', 'configs/sft_arith.py:tiny',
+                                    '--workdir=~/no-run', '--out=~/new']),
+          f'no checkpoint in {tmp_path}/no-run/checkpoints')
+  refused(lambda: tool.main(['export', '--config', 'configs/sft_arith.py:tiny',
+                             '--workdir=~/no-run', '--out=~/new']),
+          f'no checkpoint in {tmp_path}/no-run/checkpoints')
+  assert not (tmp_path / 'new').exists()

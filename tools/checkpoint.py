@@ -181,19 +181,20 @@ def convert(args) -> None:
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   sub = ap.add_subparsers(dest='command', required=True)
+  path = os.path.expanduser   # `--out=~/x`: the shell leaves that `~` (as config paths, expanded)
   p = sub.add_parser('inspect')
-  p.add_argument('dir')
+  p.add_argument('dir', type=path)
   p = sub.add_parser('export')
   p.add_argument('--config', required=True)
-  p.add_argument('--workdir', required=True)
-  p.add_argument('--out', required=True)
+  p.add_argument('--workdir', required=True, type=path)
+  p.add_argument('--out', required=True, type=path)
   p.add_argument('--step', type=int, default=None)
   p.add_argument('--dtype', choices=('bfloat16', 'float32'), default=None,
                  help='dtype on disk (default: the model compute dtype)')
   p.add_argument('--max-shard-gb', type=float, default=2.0)
   p = sub.add_parser('convert')
-  p.add_argument('hf_dir')
-  p.add_argument('--out', required=True)
+  p.add_argument('hf_dir', type=path)
+  p.add_argument('--out', required=True, type=path)
   from tools import export_base  # pylint: disable=g-import-not-at-top
   args, overrides = export_base.parse_with_overrides(ap, argv)
   if overrides and args.command != 'export':

@@ -42,8 +42,9 @@ def parse_with_overrides(ap: argparse.ArgumentParser, argv=None):
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument('--config', required=True)
-  ap.add_argument('--workdir', required=True)
-  ap.add_argument('--out', required=True)
+  # `--out=~/x`: the shell leaves that `~`; expanded as config paths are
+  ap.add_argument('--workdir', required=True, type=os.path.expanduser)
+  ap.add_argument('--out', required=True, type=os.path.expanduser)
   ap.add_argument('--step', type=int, default=None)
   args, overrides = parse_with_overrides(ap, argv)
   config = load_config(args.config, overrides)
