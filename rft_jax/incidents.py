@@ -87,6 +87,29 @@ class IncidentLog:
     return '\n'.join(lines)
 
 
+def watched(config) -> bool:
+  """Whether anything watched an RL run of config for incidents (IncidentLog.count's `ran`, as
+  rft_jax/trainer.py decides it): the failure monitor (a monitor section, mode not 'off') or
+  the live scaling fit (scaling.live_every > 0)."""
+  monitor, scaling = config.get('monitor'), config.get('scaling')
+  return ((monitor is not None and monitor.get('mode', 'off') != 'off')
+          or (scaling is not None and int(scaling.get('live_every', 0)) > 0))
+
+
+def logged_count(config, workdir: str, last_step: int) -> int | None:
+  """summary.json's 'incidents' of a finished run, from workdir/incidents.jsonl (its entries up
+  to last_step, as IncidentLog reads it) for a summary rebuilt from the checkpoint: the count
+  when the file has incidents or the run was watched (the file exists only once there is one:
+  0), None when nothing watched it."""
+  path = os.path.join(workdir, 'incidents.jsonl')
+  entries = []
+  if os.path.exists(path):
+    with open(path) as f:
+      entries = [e for e in map(json.loads, filter(str.strip, f)) if e['step'] <= last_step]
+  count = sum(e['kind'] == 'incident' for e in entries)
+  return count if count or watched(config) else None
+
+
 def write_report(config, workdir: str, incident_log: IncidentLog, hooks, enabled: bool,
                  stopped: bool = False) -> None:
   """workdir/incidents.md (process 0) and the console's report of the run's incidents, when

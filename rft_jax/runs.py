@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from rft_jax import components, initial_policy
+from rft_jax import components, incidents, initial_policy
 from rft_jax import config as config_lib
 from rft_jax.workdir_config import (  # noqa: F401  (runs.X for tools and tests)
     RUN_CONFIG, check_workdir_config, record_workdir_config)
@@ -343,6 +343,8 @@ def finish_complete_run(config, workdir, opened) -> dict:
                        'checkpoint')
   if not isinstance(summary, dict):
     summary = make_summary(config, meta['base_eval'], meta['final_eval'], start, meta['wall_s'])
+    if not (config_lib.is_sft(config) or config_lib.is_dpo(config)):   # as the RL loop writes it
+      summary['incidents'] = incidents.logged_count(config, workdir, start)
   return finish_run(config, workdir, summary, hooks, ckpt, plot=False)
 
 

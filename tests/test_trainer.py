@@ -106,10 +106,22 @@ def test_second_invocation_reports_complete(tmp_path, capsys):
     f.write('{"recipe": ')
   third = trainer.run(config, str(tmp_path))
   assert 'summary.json unreadable (JSONDecodeError' in capsys.readouterr().out
-  rebuilt = lambda s: {k: v for k, v in s.items() if k not in ('incidents', 'wall_s')}
-  assert rebuilt(third) == rebuilt(first)
+  rebuilt = lambda s: {k: v for k, v in s.items() if k != 'wall_s'}
+  assert rebuilt(third) == rebuilt(first) and list(third) == list(first)   # incidents too (0)
   with open(os.path.join(str(tmp_path), 'summary.json')) as f:
     assert json.load(f) == third
+  # Rebuilt, 'incidents' counts incidents.jsonl's (it lacked the key); with the monitor off
+  # and no file, null as a live run writes it.
+  torn = lambda: (tmp_path / 'summary.json').write_text('{"recipe": ')
+  torn()
+  (tmp_path / 'incidents.jsonl').write_text(
+      json.dumps({'step': 2, 'kind': 'incident'}) + '\n' + json.dumps({'step': 2, 'kind': 'action'})
+      + '\n')
+  assert trainer.run(config, str(tmp_path))['incidents'] == 1
+  torn()
+  (tmp_path / 'incidents.jsonl').unlink()
+  config.monitor.mode = 'off'
+  assert trainer.run(config, str(tmp_path))['incidents'] is None
 
 
 def test_a_run_without_the_monitor_does_not_report_0_incidents(tmp_path, capsys):
