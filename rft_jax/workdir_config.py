@@ -88,3 +88,33 @@ def record_workdir_config(config, workdir: str) -> None:
   with open(tmp, 'w', encoding='utf-8') as f:
     json.dump(record, f, indent=2, sort_keys=True)
   os.replace(tmp, path)
+
+
+def is_run_workdir(path: str) -> bool:
+  """Whether the existing directory `path` may be deleted to start a run there afresh (what
+  tools.algo_table and tools.faultbench do to their own sub-directories): it holds no file at
+  all (a run stopped before it wrote one), or the config.json every run records when it opens
+  (a JSON object with the recipe's 'name' and a 'train' section). Anything else (a HF model's
+  config.json, notes, another tool's output) is not a run's."""
+  if not any(files for _, _, files in os.walk(path)):
+    return True
+  try:
+    with open(os.path.join(path, RUN_CONFIG), encoding='utf-8') as f:
+      record = json.load(f)
+  except (OSError, ValueError):
+    return False
+  return (isinstance(record, dict) and isinstance(record.get('name'), str)
+          and isinstance(record.get('train'), dict))
+
+
+def check_replaceable(path: str) -> str | None:
+  """None when `path` is absent or is_run_workdir, else why a tool must not delete it (one
+  clause naming it)."""
+  if not os.path.lexists(path):
+    return None
+  if not os.path.isdir(path) or os.path.islink(path):
+    return f'{path} exists and is not a directory'
+  if not is_run_workdir(path):
+    return (f'{path} exists and is not a run directory (no {RUN_CONFIG} of an rft_jax run); '
+            'refusing to delete it')
+  return None

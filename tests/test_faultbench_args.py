@@ -42,3 +42,18 @@ def test_the_reports_command_is_the_module_command(tmp_path, capsys):
   capsys.readouterr()
   report = (tmp_path / 'report.md').read_text()
   assert f'Command: `python -m tools.faultbench --rescore --out {tmp_path}`' in report, report
+
+
+def test_a_folder_of_a_runs_name_that_is_not_a_run_is_refused_not_deleted(tmp_path, capsys):
+  """Each run's workdir <out>/runs/<name> was rmtree'd whatever it held: a folder of the user's
+  with that name was deleted. Now only a run directory an earlier invocation left (it has a
+  run's config.json, or no file at all) is; anything else is refused, exit 2, before any run."""
+  [spec] = faultbench.plan('ci', [1], ['healthy'])
+  victim = tmp_path / 'runs' / spec['name']
+  victim.mkdir(parents=True)
+  (victim / 'config.json').write_text('{"architectures": ["LlamaForCausalLM"]}')   # a HF model
+  with pytest.raises(SystemExit) as e:
+    faultbench.main(['--suite', 'ci', '--out', str(tmp_path), '--faults', 'healthy'])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and f'{victim} exists and is not a run directory' in err, err
+  assert (victim / 'config.json').exists() and not (tmp_path / 'results.jsonl').exists()

@@ -136,3 +136,47 @@ def test_inspect_a_run_checkpoint_step(run_dir, capsys):
     out = capsys.readouterr().out
     assert 'params.norm.weight' in out and 'orbax pytree: ' in out, out
     assert 'orbax pytree: 0 numbers' not in out
+
+
+def test_is_run_workdir(tmp_path):
+  """What tools.algo_table and tools.faultbench may delete to start a run afresh."""
+  from rft_jax import workdir_config  # pylint: disable=g-import-not-at-top
+  run = tmp_path / 'run'
+  (run / 'checkpoints').mkdir(parents=True)
+  assert workdir_config.is_run_workdir(str(run))   # no file at all: a run stopped at once
+  (run / 'config.json').write_text(json.dumps(export_base.load_config(RECIPE).to_dict()))
+  (run / 'metrics.jsonl').write_text('')
+  assert workdir_config.check_replaceable(str(run)) is None
+  for name, text in (('config.json', '{"architectures": ["LlamaForCausalLM"]}'),   # HF model
+                     ('config.json', '{"name": '), ('notes.txt', 'keep me')):
+    other = tmp_path / f'other_{name}_{len(text)}'
+    other.mkdir()
+    (other / name).write_text(text)
+    assert not workdir_config.is_run_workdir(str(other)), text
+  (tmp_path / 'file').write_text('')
+  assert 'is not a directory' in workdir_config.check_replaceable(str(tmp_path / 'file'))
+  assert workdir_config.check_replaceable(str(tmp_path / 'absent')) is None
+
+
+def test_algo_table_deletes_only_an_earlier_run_directory(tmp_path, monkeypatch, capsys):
+  """<out>/<recipe> was rmtree'd whatever it held. Now a run directory an earlier invocation
+  left is replaced, and any other folder of a recipe's name is refused (exit 2) before any
+  recipe runs."""
+  from tools import algo_table  # pylint: disable=g-import-not-at-top
+  ran = []
+  monkeypatch.setattr(algo_table.subprocess, 'call', lambda cmd, **kw: ran.append(cmd) or 3)
+  out, results = tmp_path / 'out', str(tmp_path / 'results')
+  (out / 'grpo').mkdir(parents=True)
+  (out / 'grpo' / 'notes.txt').write_text('keep me')
+  (out / 'dapo').mkdir()
+  (out / 'dapo' / 'config.json').write_text(json.dumps({'name': 'dapo_arith', 'train': {}}))
+  argv = ['--out', str(out), '--recipes', 'dapo,grpo', '--results', results]
+  with pytest.raises(SystemExit) as info:
+    algo_table.main(argv)
+  err = capsys.readouterr().err
+  assert info.value.code == 2 and f'{out}/grpo exists and is not a run directory' in err, err
+  assert (out / 'grpo' / 'notes.txt').exists() and (out / 'dapo' / 'config.json').exists()
+  assert not ran
+  (out / 'grpo' / 'notes.txt').unlink()
+  assert algo_table.main(argv) == 1   # both "ran" (exit 3): their earlier directories removed
+  assert len(ran) == 2 and not (out / 'dapo' / 'config.json').exists()

@@ -3,7 +3,8 @@ r"""The measured algorithm table: run each arithmetic recipe and tabulate what i
   python -m tools.algo_table --out /tmp/algo_runs [--steps N] [--recipes grpo,dapo,...]
 
 Runs the recipes one after another, each in a fresh workdir `<out>/<recipe>` (removed first if
-it exists) as its own `python -m rft_jax.main` process (console output in `<out>/<recipe>.log`),
+an earlier invocation left it; any other folder of that name is refused, exit 2, before anything
+runs) as its own `python -m rft_jax.main` process (console output in `<out>/<recipe>.log`),
 then writes `experiments/algorithms/results.md` and `results.json` (--results to change):
 base -> final held-out greedy and mean@k accuracy (summary.json), their gains, the mean train
 reward of the last 10 steps (of the final trajectory: after a remediation rewind, as re-run),
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 
+from rft_jax import workdir_config
 from rft_jax.telemetry.records import final_trajectory
 from rft_jax.telemetry.sinks import read_jsonl
 
@@ -48,8 +50,11 @@ def run_recipe(name: str, out: str, steps: int | None) -> dict:
   """Runs configs/<name>_arith.py in <out>/<name>; returns its table row."""
   config = os.path.join('configs', f'{name}_arith.py')
   workdir = os.path.join(out, name)
+  problem = workdir_config.check_replaceable(workdir)
+  if problem:   # main checked every recipe's first; something appeared since
+    raise RuntimeError(problem)
   if os.path.exists(workdir):
-    shutil.rmtree(workdir)
+    shutil.rmtree(workdir)   # a run directory of an earlier invocation
   cmd = [sys.executable, '-m', 'rft_jax.main', '--config', config, '--workdir', workdir]
   if steps:
     cmd.append(f'--config.train.steps={steps}')
@@ -153,13 +158,18 @@ def main(argv=None) -> int:
   ap.add_argument('--recipes', default=','.join(RECIPES))
   ap.add_argument('--results', default=os.path.join(ROOT, 'experiments', 'algorithms'))
   args = ap.parse_args(argv)
+  names = [n.strip() for n in args.recipes.split(',') if n.strip()]
+  for name in names:   # before anything runs or is deleted
+    if name not in RECIPES:
+      ap.error(f'--recipes: unknown recipe {name!r}; known: {", ".join(RECIPES)}')
+    problem = workdir_config.check_replaceable(os.path.join(args.out, name))
+    if problem:   # a folder of the user's that happens to have a recipe's name
+      ap.error(f'--out {args.out}: {problem}; move it or give another --out')
   os.makedirs(args.out, exist_ok=True)
   os.makedirs(args.results, exist_ok=True)
   commit = code_commit()   # before the runs: the results files they write are not code
   rows, notes = [], []
-  for name in [n.strip() for n in args.recipes.split(',') if n.strip()]:
-    if name not in RECIPES:
-      ap.error(f'--recipes: unknown recipe {name!r}; known: {", ".join(RECIPES)}')
+  for name in names:
     if not os.path.exists(os.path.join(ROOT, 'configs', f'{name}_arith.py')):
       notes.append(f'{name}: configs/{name}_arith.py does not exist (yet); skipped')
       print(notes[-1], flush=True)

@@ -104,8 +104,12 @@ def make_config(spec: dict):
 def run_one(spec: dict, out_dir: str) -> dict:
   """Trains one run in this process and returns its record (see tools/faultbench_score.py)."""
   from rft_jax import runs, trainer  # pylint: disable=g-import-not-at-top
+  from rft_jax import workdir_config  # pylint: disable=g-import-not-at-top
   workdir = os.path.join(out_dir, 'runs', spec['name'])
-  shutil.rmtree(workdir, ignore_errors=True)
+  problem = workdir_config.check_replaceable(workdir)
+  if problem:   # main checked every run's first; something appeared since
+    return record(spec, out_dir, None, problem, 0.0)
+  shutil.rmtree(workdir, ignore_errors=True)   # a run directory of an earlier invocation
   config, t0, error, summary = make_config(spec), time.time(), None, None
   try:
     if spec['fault'] == 'resume':   # stop at onset (as a preemption would), then resume
@@ -254,6 +258,11 @@ def main(argv=None) -> int:
       records = [json.loads(line) for line in f]
   else:
     specs = _plan_from_args(ap, args)
+    from rft_jax import workdir_config  # pylint: disable=g-import-not-at-top
+    for spec in specs:   # each run's workdir is deleted first: only an earlier run's
+      problem = workdir_config.check_replaceable(os.path.join(out, 'runs', spec['name']))
+      if problem:
+        ap.error(f'--out {out}: {problem}; move it or give another --out')
     print(f'FaultBench {args.suite}: {len(specs)} runs, {args.jobs} jobs, out {out}', flush=True)
     records = run_all(specs, out, args.jobs, args.run_timeout_s)
   scores = faultbench_score.score(records)
