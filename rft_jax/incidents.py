@@ -88,9 +88,9 @@ class IncidentLog:
 
 
 def watched(config) -> bool:
-  """Whether anything watched an RL run of config for incidents (IncidentLog.count's `ran`, as
-  rft_jax/trainer.py decides it): the failure monitor (a monitor section, mode not 'off') or
-  the live scaling fit (scaling.live_every > 0)."""
+  """Whether anything watched an RL run of config for incidents (IncidentLog.count's `ran`, for
+  the trainer and a summary rebuilt from the checkpoint): the failure monitor (a monitor
+  section, mode not 'off') or the live scaling fit (scaling.live_every > 0)."""
   monitor, scaling = config.get('monitor'), config.get('scaling')
   return ((monitor is not None and monitor.get('mode', 'off') != 'off')
           or (scaling is not None and int(scaling.get('live_every', 0)) > 0))

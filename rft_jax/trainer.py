@@ -159,8 +159,9 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
     ref_params = reset_ref
   incident_log = incidents.IncidentLog(workdir, start)
   live_fit = scaling_live.LiveFit.from_config(config, meta)   # no-op unless scaling.live_every
+  watched = incidents.watched(config)   # the monitor or the live scaling fit
   report = functools.partial(incidents.write_report, config, workdir, incident_log, hooks,
-                             mcfg is not None or live_fit.enabled)   # incidents.md, console
+                             watched)   # incidents.md, console
 
   injector = faults.FaultInjector(config.get('faults', []), config.seed,
                                   config.rollout.group_size, total)
@@ -362,7 +363,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   runs.ensure_final_eval(meta, evaluator, state.params, hooks, total)
   summary = runs.make_summary(config, meta['base_eval'], meta['final_eval'], total,
                               wall_before + time.time() - t_start)
-  summary['incidents'] = incident_log.count(ran=mcfg is not None or live_fit.enabled)
+  summary['incidents'] = incident_log.count(ran=watched)
   return runs.finish_run(config, workdir, summary, hooks, ckpt)
 
 
