@@ -78,7 +78,7 @@ class IncidentLog:
     lines = [f'{len(incidents)} incident(s)']
     for e in self.entries:
       if e['kind'] == 'incident':
-        ev = ', '.join(f"{x['signal']} {x['direction']}" for x in e.get('evidence', [])[:3])
+        ev = ', '.join(map(sinks.evidence_text, e.get('evidence', [])[:3]))
         lines.append(f"- step {e['step']}: {sinks.incident_name(e)} [{e['severity']}] since step "
                      f"{e['onset_step']} (score {e['score']:.2f}; {ev}); "
                      f"suggested {e['remediation']}")

@@ -65,6 +65,9 @@ class Alarms:
   invariant: jnp.ndarray       # [I] f32    invariant scores (cfg.invariant_score if violated)
   invariant_value: jnp.ndarray  # [I] f32   invariant inputs of this step
   step: jnp.ndarray            # int32      monitor step index of this update
+  # cfg.not_up_max, the up score below which a 'not_up' gate holds (static: no device array),
+  # so that an incident's evidence can state the test its gates passed
+  not_up_max: float = flax.struct.field(pytree_node=False)
 
 
 def init_monitor(cfg: MonitorConfig, batch_shape: tuple[int, ...] = ()) -> MonitorState:
@@ -137,7 +140,7 @@ def monitor_update(state: MonitorState, metrics: Mapping[str, jax.Array],
   alarms = Alarms(
       fired=fired, active=active, score=strength, onset=new_onset, signal_up=up,
       signal_down=down, value=det.last, baseline=sig.untransform(det.baseline),
-      invariant=inv_score, invariant_value=inv_value, step=step)
+      invariant=inv_score, invariant_value=inv_value, step=step, not_up_max=cfg.not_up_max)
   return new_state, alarms
 
 
@@ -175,7 +178,10 @@ def incidents_from_alarms(alarms: Alarms, step: int) -> list[dict]:
 
   `step` is the caller's step number for this update; onset_step is mapped into the same
   numbering. Evidence lists every condition: signal, direction, score, and for drifting signals
-  the last value and the baseline it is compared with (signal units).
+  the last value and the baseline (signal units). A 'not_up' gate's score is the signal's up
+  score (its CUSUM: the steps' rises beyond the allowance, accumulated), and its 'limit' the
+  cfg.not_up_max it was below: that, not value against baseline, is what the gate tested (a
+  signal may rise above its baseline and still score below the limit).
   """
   fired = np.asarray(alarms.fired)
   out = []
@@ -191,8 +197,10 @@ def incidents_from_alarms(alarms: Alarms, step: int) -> list[dict]:
         continue
       j = sig.SIGNALS.index(c.signal)
       scores = alarms.signal_down if c.direction == 'down' else alarms.signal_up
-      evidence.append({'signal': c.signal, 'direction': c.direction,
-                       'score': _num(scores[j]), 'value': _num(alarms.value[j]),
+      item = {'signal': c.signal, 'direction': c.direction, 'score': _num(scores[j])}
+      if c.direction == 'not_up':
+        item['limit'] = float(alarms.not_up_max)
+      evidence.append({**item, 'value': _num(alarms.value[j]),
                        'baseline': _num(alarms.baseline[j])})
     lag = int(alarms.step) - int(alarms.onset[k])
     out.append(incident(s, step, int(step) - lag, _num(alarms.score[k]), evidence))

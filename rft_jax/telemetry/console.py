@@ -183,6 +183,20 @@ def incident_name(incident: Mapping[str, Any]) -> str:
   return name
 
 
+def evidence_text(item: Mapping[str, Any]) -> str:
+  """One item of an incident's evidence: 'kl up 1.6', the score of a signal that moved; a
+  'not_up' gate as the test it passed, 'reward/correct/mean not up (up-score 0.38 < 0.5)': the
+  signal's up score (CUSUM) below monitor's not_up_max, which a signal rising above its
+  baseline may also pass (incidents logged before the limit was recorded: without '< limit')."""
+  signal, direction = item.get('signal', '?'), item.get('direction', '')
+  score = format_value(item.get('score'))
+  if direction != 'not_up':
+    return f'{signal} {direction} {score}'
+  limit = item.get('limit')
+  bound = '' if limit is None else f' < {format_value(limit)}'
+  return f'{signal} not up (up-score {score}{bound})'
+
+
 def describe_incident(step: int, incident: Mapping[str, Any]) -> str:
   """One line for a monitor incident or remediation action."""
   kind = incident.get('kind', 'incident')
@@ -204,8 +218,7 @@ def describe_incident(step: int, incident: Mapping[str, Any]) -> str:
   if kind != 'incident':
     return (f"step {step}: remediation {incident.get('action')}: {incident.get('reason', '')}"
             f" -> {incident.get('controls', '')}")
-  evidence = ', '.join(f"{e['signal']} {e['direction']} {format_value(e['score'])}"
-                       for e in incident.get('evidence', [])[:3])
+  evidence = ', '.join(map(evidence_text, incident.get('evidence', [])[:3]))
   return (f"step {step}: INCIDENT {incident_name(incident)} [{incident.get('severity')}] "
           f"since step {incident.get('onset_step')}, score {format_value(incident.get('score'))}"
           f" ({evidence}); suggested: {incident.get('remediation')}")

@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rft_jax.telemetry.console import (DEFAULT_CONSOLE_KEYS, ConsoleSink,  # noqa: F401
-                                      describe_incident, format_summary_value, format_value,
-                                      incident_name)
+                                      describe_incident, evidence_text,
+                                      format_summary_value, format_value, incident_name)
 from rft_jax.telemetry import jsonl
 from rft_jax.telemetry.hooks import Hook, HookList
 from rft_jax.telemetry.jsonl import JsonlSink, read_jsonl  # noqa: F401
