@@ -122,9 +122,13 @@ run_warn = api.train(faulty_config('warn'))
 # %% [markdown]
 # Each incident names a fault class, its severity, the step the monitor dates its onset to,
 # a score, the suggested remediation, and its evidence: the signals that moved, with their
-# value against the baseline learned during the warm-up.
+# value against the baseline learned during the warm-up, and the gates the signature passed
+# (e.g. reward hacking needs correctness not rising), each with the score it tested.
 
 # %%
+from rft_jax.telemetry.console import evidence_text
+
+
 def show_incidents(run):
   if not run.incidents:
     print('no incidents')
@@ -134,6 +138,9 @@ def show_incidents(run):
           f"suggested: {inc['remediation']}")
     print(f"    {inc['description']}")
     for ev in inc['evidence']:
+      if ev['direction'] == 'not_up':   # a gate: its up score (CUSUM) below a limit, no level
+        print(f"    gate: {evidence_text(ev)}")
+        continue
       seen = f"value {ev['value']:.4g}" + (f" vs baseline {ev['baseline']:.4g}"
                                            if 'baseline' in ev else '')
       print(f"    evidence: {ev['signal']} {ev['direction']}, score {ev['score']:.2f}, {seen}")
