@@ -155,7 +155,7 @@ def apply_overrides(config: ml_collections.ConfigDict,
         raise ConfigError('.'.join(parts[:i]), f'is a value, not a section (in override {key!r})',
                           node)
       if part not in node:
-        raise ConfigError(key, 'unknown key' + config_lib.did_you_mean(part, node.keys()))
+        raise ConfigError(key, 'unknown key' + config_lib.key_hint(parts[:i + 1], node.keys()))
       node = node[part]
     if isinstance(node, ml_collections.ConfigDict) and not isinstance(value, Mapping):
       raise ConfigError(key, f'is a section; got {config_lib.type_name(value)}', value)

@@ -27,7 +27,9 @@ from rft_jax.config_rules import is_online_dpo
 from rft_jax.config_schema import (  # noqa: F401  (re-exported: callers use config.X)
     CRITIC_ADVANTAGES, DPO_LOSS_TYPES, DPO_PAIR_SOURCES, GROUP_FREE_ADVANTAGES, MONITOR_MODES,
     NAME_TO_FLOAT, OPTIONAL_KEYS, OPTIONAL_SECTIONS, RL_SECTIONS, SCHEMA, SFT_SECTIONS,
-    DPO_SECTIONS, ConfigError, did_you_mean, has_key, lookup, optional_value, type_name)
+    DPO_SECTIONS, ConfigError, did_you_mean, has_key, key_hint, lookup, optional_value,
+    type_name)
+from rft_jax.monitor import knobs as monitor_knobs
 
 
 def is_sft(config: ml_collections.ConfigDict) -> bool:
@@ -135,9 +137,12 @@ def _check_monitor_and_faults(config) -> None:
     m = config.monitor
     if m.mode not in MONITOR_MODES:
       raise ConfigError('monitor.mode', 'must be one of ' + ', '.join(MONITOR_MODES), m.mode)
-    for key, low in (('warmup', 2), ('watch_steps', 1), ('max_skipped_steps', 1)):
+    for key, low in (('watch_steps', 1), ('max_skipped_steps', 1)):
       if key in m and m[key] < low:
         raise ConfigError(f'monitor.{key}', f'must be >= {low}', m[key])
+    bad = monitor_knobs.problem(m)   # warmup, cusum_h, ...: rft_jax/monitor/knobs.py
+    if bad:
+      raise ConfigError(f'monitor.{bad[0]}', bad[1], m[bad[0]])
     if not 0 < m.lr_factor < 1:
       raise ConfigError('monitor.lr_factor', 'must be in (0, 1)', m.lr_factor)
   if 'faults' in config:

@@ -7,6 +7,8 @@ from typing import Any
 
 import ml_collections
 
+from rft_jax.monitor import knobs as monitor_knobs   # no JAX: the monitor's detector knobs
+
 
 class _NameToFloat:
   """Schema marker for a free mapping of names to float weights (`rewards.weights`)."""
@@ -76,8 +78,10 @@ SCHEMA: dict[str, Any] = {
     'mesh': {'data': int, 'fsdp': int, 'tensor': int},
     'telemetry': {'console': bool, 'jsonl': bool, 'tensorboard': bool, 'plot': bool,
                   'wandb_project': str},
-    'monitor': {'mode': str, 'warmup': int, 'watch_steps': int, 'lr_factor': float,
-                'max_skipped_steps': int},
+    # warmup and the other detector knobs (optional; rft_jax/monitor/knobs.py KNOBS, defaults
+    # and meaning in rft_jax/monitor/detectors.py MonitorConfig)
+    'monitor': {'mode': str, 'watch_steps': int, 'lr_factor': float, 'max_skipped_steps': int,
+                **{name: kind for name, (kind, _, _) in monitor_knobs.KNOBS.items()}},
     'faults': list,   # [{type, onset_step, strength[, duration]}], see rft_jax/faults.py
     # Live scaling fit after held-out evals (rft_jax/scaling/live.py); every key optional.
     'scaling': {'live_every': int, 'model': str, 'exclude_first': float, 'n_boot': int,
@@ -99,6 +103,8 @@ OPTIONAL_KEYS = frozenset({
     'task.bad_records',             # 'error' (default) or 'skip': see rft_jax/data/pipeline.py
     'train.min_good_checkpoints',   # default 1: see rft_jax/runs.py save_checkpoint
     'monitor.max_skipped_steps',    # default 5: see rft_jax/runs.py check_skipped_streak
+    # the detector knobs but warmup (cusum_h, z_thresh, ...): MonitorConfig's defaults
+    *(f'monitor.{name}' for name in monitor_knobs.OPTIONAL),
     'rewards.memory_mb',            # default 0 (no limit): see rft_jax/rewards/runner.py
     # algo options (GRPOConfig defaults: clip_eps_low/high = clip_eps, clip_c 0 = no dual-clip,
     # entropy_coef 0, kl_in_reward False, max_len 0 = rollout.max_new_tokens)
@@ -192,6 +198,14 @@ def optional_value(key: str, value: Any) -> Any:
   section, _, name = key.rpartition('.')
   wants_float = SCHEMA[section][name] is float
   return float(value) if wants_float and type(value) is int else value   # not bool
+
+
+def key_hint(parts, present) -> str:
+  """did_you_mean for the unknown key whose path is `parts` (['monitor', 'cusum_hh']), among
+  the keys `present` in its section and the section's OPTIONAL_KEYS (a recipe may omit them)."""
+  section, name = '.'.join(parts[:-1]), parts[-1]
+  optional = [key.rpartition('.')[2] for key in OPTIONAL_KEYS if key.rpartition('.')[0] == section]
+  return did_you_mean(name, sorted(set(present) | set(optional)))
 
 
 def did_you_mean(name: str, candidates) -> str:

@@ -306,7 +306,7 @@ def _check_override_key(config: ml_collections.ConfigDict, key: str, arg: str) -
       raise UsageError(f'unknown config key {key!r} in {arg}: config.{parent}={node!r} '
                        'is a value, not a section')
     if part not in node:
-      hint = config_lib.did_you_mean(part, node.keys())
+      hint = config_lib.key_hint(parts[:i + 1], node.keys())   # optional keys too
       raise UsageError(f'unknown config key {key!r} in {arg}{hint}')
     node = node[part]
 

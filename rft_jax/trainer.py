@@ -29,7 +29,7 @@ from rft_jax.data import pipeline
 from rft_jax.models import functional as lm
 from rft_jax.monitor import credit
 from rft_jax.monitor import monitor as monlib
-from rft_jax.monitor.detectors import MonitorConfig
+from rft_jax.monitor import knobs as monitor_knobs
 from rft_jax.monitor.remediation import Controls, Remediator, health_metric
 from rft_jax.parallel import hostdata
 from rft_jax.parallel import mesh as meshlib
@@ -50,11 +50,11 @@ def step_rng(seed: int, step: int) -> jax.Array:
 
 
 def monitor_settings(config):
-  """(mode, MonitorConfig or None, watch_steps, lr_factor) from config.monitor (optional)."""
+  """(mode, knobs.monitor_config or None, watch_steps, lr_factor) from config.monitor."""
   m = config.get('monitor')
   if m is None or m.mode == 'off':
     return 'off', None, 10, 0.1
-  return m.mode, MonitorConfig(warmup=m.warmup), m.watch_steps, m.lr_factor
+  return m.mode, monitor_knobs.monitor_config(m), m.watch_steps, m.lr_factor
 
 
 def device_controls(controls: Controls, config, step: int) -> dict:
