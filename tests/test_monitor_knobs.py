@@ -1,8 +1,9 @@
 """config.monitor's detector knobs (rft_jax/monitor/knobs.py): set from a config (recipe, CLI,
-Python API), checked like every key, and turned into the MonitorConfig of the live monitor and
-of a resumed run by one function."""
+Python API), checked like every key, and turned into the MonitorConfig of the live monitor, of
+tools.monitor_replay and of a resumed run by one function."""
 import dataclasses
 import functools
+import json
 import os
 
 import jax
@@ -16,6 +17,8 @@ from rft_jax import main as main_lib
 from rft_jax.checkpoint import Checkpointer
 from rft_jax.monitor import knobs, monitor, signatures as sigs
 from rft_jax.monitor.detectors import MonitorConfig
+from rft_jax.telemetry import sinks
+from tools import monitor_replay
 
 # reward/mean steady at 0.5 (+-0.01) for 20 steps, then 0.03 lower (two of its scale units) for
 # 12: the default CUSUM threshold (cusum_h 8) does not call it (the adapting baseline holds
@@ -135,3 +138,55 @@ def test_a_checkpointed_monitor_state_resumes_under_other_knobs(tmp_path):
     restored = restored.replace(monitor=restored_monitor)
     fired += [sigs.SIGNATURE_NAMES[k] for k in np.flatnonzero(np.asarray(alarms.fired))]
   assert fired == ['reward_collapse']   # as the run that had cusum_h 4 from the start
+
+
+# --- tools.monitor_replay --------------------------------------------------------------------
+
+def _write_run(run_dir, monitor_section=None):
+  run_dir.mkdir()
+  sink = sinks.JsonlSink(str(run_dir / 'metrics.jsonl'))
+  for step, reward in enumerate(REWARD, start=1):
+    sink.on_step(step, {'reward/mean': float(reward)})
+  sink.close()
+  if monitor_section is not None:
+    (run_dir / 'config.json').write_text(json.dumps({'monitor': monitor_section}))
+  return str(run_dir)
+
+
+def _replay(capsys, *argv):
+  code = monitor_replay.main(list(argv))
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def test_replay_uses_the_runs_knobs_and_its_flags_override_them(tmp_path, capsys):
+  tuned = _write_run(tmp_path / 'tuned', {'mode': 'warn', 'warmup': 10, 'cusum_h': 4.0})
+  code, out, _ = _replay(capsys, tuned, '--out', str(tmp_path / 'o1'))
+  assert code == 0 and 'step 28: reward_collapse' in out, out   # logged steps count from 1
+  assert '(monitor warm-up 10 steps, cusum_h=4.0)' in out
+  code, out, _ = _replay(capsys, tuned, '--set', 'cusum_h=8', '--out', str(tmp_path / 'o2'))
+  assert code == 0 and out.startswith('0 incident(s)'), out
+  plain = _write_run(tmp_path / 'plain', {'mode': 'warn', 'warmup': 10})
+  code, out, _ = _replay(capsys, plain, '--out', str(tmp_path / 'o3'))
+  assert code == 0 and out.startswith('0 incident(s)') and '(monitor warm-up 10 steps)' in out
+  code, out, _ = _replay(capsys, plain, '--set', 'cusum_h=4', '--out', str(tmp_path / 'o4'))
+  assert code == 0 and 'step 28: reward_collapse' in out, out
+
+
+@pytest.mark.parametrize('section, argv, message', [
+    ({'warmup': 10, 'cusum_h': 0}, [],
+     'error: monitor.cusum_h=0: must be > 0 (in {run}/config.json)\n'),
+    ({'warmup': 10}, ['--set', 'persistence=0'],
+     'error: monitor.persistence=0: must be >= 1 (from --set/--warmup)\n'),
+    ({'warmup': 10}, ['--set', 'persistence=2.5'],
+     'error: --set persistence=2.5: monitor.persistence takes an int value\n'),
+    ({'warmup': 10}, ['--set', 'cusum_hh=4'],
+     "error: --set cusum_hh=4: expected KNOB=VALUE with a monitor knob (did you mean 'cusum_h'?)"
+     '; knobs: warmup, cusum_k, cusum_h,'),
+    ({'warmup': 10}, ['--set', 'cusum_h'], 'error: --set cusum_h: expected KNOB=VALUE'),
+])
+def test_replay_refuses_bad_knobs_in_one_line(tmp_path, capsys, section, argv, message):
+  run = _write_run(tmp_path / 'run', section)
+  code, out, err = _replay(capsys, run, *argv, '--out', str(tmp_path / 'out'))
+  assert code == 2 and out == '' and err.startswith(message.format(run=run)), err
+  assert len(err.splitlines()) == 1

@@ -349,7 +349,7 @@ def test_cli_reads_the_runs_warmup_a_directory_and_refuses_empty_logs(tmp_path, 
   (run / 'config.json').write_text(json.dumps({'monitor': {'warmup': 4}}))
   assert monitor_replay.main([str(run), '--out', str(tmp_path / 'out')]) == 0
   assert '30 logged steps of' in capsys.readouterr().out   # the directory's metrics.jsonl
-  assert monitor_replay.run_warmup(str(run)) == 4
+  assert monitor_replay.run_monitor_section(str(run)) == {'warmup': 4}
   trl = tmp_path / 'trl_out' / 'checkpoint-20'   # TRL writes trainer_state.json only there
   trl.mkdir(parents=True)
   _write_trl_state(healthy, trl / 'trainer_state.json')

@@ -1,6 +1,7 @@
 """Replays a recorded training log through the failure-signature monitor.
 
   python -m tools.monitor_replay RUN.jsonl [--format auto|rft_jax|verl|trl|openrlhf] [--out DIR]
+                                  [--warmup N] [--set cusum_h=4 ...]
 
 RUN is an rft_jax metrics.jsonl, a JSONL of verl / TRL / OpenRLHF per-step log dicts, or TRL's
 trainer_state.json (see `rft_jax.monitor.formats`). Each logged step's metrics, renamed to rft_jax
@@ -11,8 +12,10 @@ line, the trainer's format) and DIR/replay.png (the run's signals with the incid
 DIR defaults to <RUN's directory>/monitor_replay.
 
 RUN may also be a run directory (its metrics.jsonl, or TRL's latest checkpoint-N/
-trainer_state.json). The monitor's warm-up is the run's `monitor.warmup` when an rft_jax
-config.json sits beside the log (`--warmup` overrides). An rft_jax log is replayed in file order:
+trainer_state.json). The monitor is the run's own when an rft_jax config.json sits beside the
+log: its `monitor.warmup` and detector knobs (monitor.cusum_h, ...), turned into a MonitorConfig
+by the trainer's function (rft_jax/monitor/knobs.py); `--warmup` and `--set KNOB=VALUE` override
+them (to see what another setting would have reported). An rft_jax log is replayed in file order:
 steps logged again after a remediation restore restart from the monitor state of the step
 before, as in the live run.
 
@@ -21,7 +24,8 @@ marker keys, and a log may carry another format's keys: rft_jax logs verl's `act
 with a one-line warning on stderr naming the format detected.
 
 Exit status: 0 after a replay (whether or not it found incidents); 2 with a one-line error when
-the file is missing, holds no records of its format, or its format is unknown; 1 when the
+the file is missing, holds no records of its format, or its format is unknown, or a knob (from
+config.json or --set) is unknown or out of its range (as in a config); 1 when the
 output cannot be written.
 """
 
@@ -40,7 +44,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from rft_jax.monitor import detectors, formats, monitor, signals
+from rft_jax import config_schema
+from rft_jax.monitor import detectors, formats, knobs, monitor, signals
 from rft_jax.telemetry import plot, sinks
 
 _TOP_EVIDENCE = 3
@@ -165,18 +170,41 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                       help="the monitor's warm-up steps (default: the run's monitor.warmup from "
                            'config.json beside an rft_jax log, else '
                            f'{detectors.MonitorConfig.warmup})')
+  parser.add_argument('--set', action='append', default=[], metavar='KNOB=VALUE',
+                      help='a monitor knob as config.monitor.KNOB sets it, e.g. --set cusum_h=4 '
+                           "(default: the run's, from config.json, else MonitorConfig's)")
   return parser.parse_args(argv)
 
 
-def run_warmup(run_dir: str) -> int | None:
-  """monitor.warmup in the rft_jax config.json of `run_dir`, or None."""
+def run_monitor_section(run_dir: str) -> dict[str, Any]:
+  """config.monitor of the rft_jax config.json in `run_dir`; {} without one (a verl or TRL run,
+  or an unreadable file; a HF model's config.json has no monitor section)."""
   path = os.path.join(run_dir, 'config.json')
   try:
     with open(path, encoding='utf-8') as f:
-      warmup = json.load(f).get('monitor', {}).get('warmup')
+      section = json.load(f).get('monitor', {})
   except (OSError, ValueError, AttributeError):
-    return None
-  return warmup if isinstance(warmup, int) and not isinstance(warmup, bool) else None
+    return {}
+  return section if isinstance(section, dict) else {}
+
+
+def parse_set(items: Sequence[str]) -> dict[str, Any]:
+  """['cusum_h=4', 'persistence=2'] -> {'cusum_h': 4.0, 'persistence': 2}, each parsed as its
+  knob's type; ValueError('--set ...: ...') for an unknown knob or a value of another type."""
+  out = {}
+  for item in items:
+    name, sep, text = item.partition('=')
+    if name not in knobs.KNOBS or not sep:
+      hint = config_schema.did_you_mean(name, knobs.KNOBS) if sep else ''
+      raise ValueError(f'--set {item}: expected KNOB=VALUE with a monitor knob{hint}; knobs: '
+                       + ', '.join(knobs.KNOBS))
+    kind = knobs.KNOBS[name][0]
+    try:
+      out[name] = kind(text)
+    except ValueError:
+      raise ValueError(f'--set {item}: monitor.{name} takes '
+                       f'{"an int" if kind is int else "a float"} value') from None
+  return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -199,8 +227,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
       warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
   run_dir = args.run if os.path.isdir(args.run) else os.path.dirname(os.path.abspath(args.run))
-  warmup = args.warmup or run_warmup(run_dir)
-  cfg = detectors.MonitorConfig(**({'warmup': warmup} if warmup else {}))
+  section = run_monitor_section(run_dir)
+  try:
+    flags = parse_set(args.set)
+  except ValueError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  if args.warmup:
+    flags['warmup'] = args.warmup
+  try:   # the trainer's mapping, the run's knobs overridden by the flags
+    cfg = knobs.monitor_config(section, **flags)
+  except knobs.KnobError as e:
+    where = 'from --set/--warmup' if e.knob in flags else f'in {run_dir}/config.json'
+    print(f'error: {e} ({where})', file=sys.stderr)
+    return 2
 
   incidents = replay(records, cfg)
   for incident in incidents:
@@ -208,8 +248,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   steps = formats.last_per_step(records)
   again = (f' (+{len(records) - len(steps)} records of steps abandoned by restores)'
            if len(records) > len(steps) else '')
+  changed = ''.join(f', {name}={getattr(cfg, name)}' for name in knobs.OPTIONAL
+                    if getattr(cfg, name) != getattr(detectors.MonitorConfig, name))
   print(f'{len(incidents)} incident(s) over {len(steps)} logged steps{again} of {args.run} '
-        f'(monitor warm-up {cfg.warmup} steps)')
+        f'(monitor warm-up {cfg.warmup} steps{changed})')
   missing = unwatched(records)
   if missing:   # e.g. an SFT or DPO log: no reward, KL, entropy or length to watch
     print(f'the log lacks {len(missing)} of the {len(signals.SIGNALS)} signals the monitor '

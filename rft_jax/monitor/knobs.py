@@ -2,6 +2,7 @@
 one mapping from a run's config.monitor to its MonitorConfig.
 
   monitor_config(config.monitor)   # the trainer's live monitor (and so a resumed run's)
+  monitor_config(json['monitor'])  # tools.monitor_replay, from the run's config.json
 
 `monitor.warmup` is a required key of a recipe's monitor section; every other knob is optional
 (config_schema.OPTIONAL_KEYS) and defaults to MonitorConfig's, which were tuned on the synthetic
