@@ -153,9 +153,6 @@ def check_setup(config) -> None:
   array read). SetupError naming the key, file and record."""
   model_cfg = model_config(config)   # first: its message lists every field to set
   check_mesh(config, model_cfg)
-  if config.init_from:
-    with _init_from_errors(config):
-      checkpoint.check_params(config.init_from, _like(lm.abstract_params(model_cfg)[1]))
   if config.model.get('path', '') and not config.init_from:   # else build reads init_from's
     try:   # every weight file opens (a download cut short fails here, not at load)
       hf_checkpoint.check_readable(config.model.path)
@@ -163,7 +160,10 @@ def check_setup(config) -> None:
     except hf_checkpoint.HFCheckpointError as e:
       raise SetupError(f'config.model.path: {e}') from None
   tokenizer = _load_tokenizer(config)
-  _check_vocab(tokenizer, model_cfg)
+  _check_vocab(tokenizer, model_cfg)   # before init_from's shapes, as build: the cause first
+  if config.init_from:
+    with _init_from_errors(config):
+      checkpoint.check_params(config.init_from, _like(lm.abstract_params(model_cfg)[1]))
   if config.task.name == 'gsm8k':
     skip = config.task.get('bad_records', 'error') == 'skip'
     try:
