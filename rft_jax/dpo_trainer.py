@@ -105,8 +105,10 @@ class OfflinePairs:
 class OnlinePairs:
   """Step batches sampled from the current policy: sample -> verify -> pair -> reference."""
 
-  def __init__(self, config, c: components.Components, data_it, ref_params, batch_sh, rep):
+  def __init__(self, config, c: components.Components, data_it, ref_params, batch_sh, rep,
+               kept):
     self.config, self.c, self.data_it, self.ref_params = config, c, data_it, ref_params
+    self.kept = kept   # () -> runs.kept_note: the checkpoint a reward failure keeps
     self.batch_sh = batch_sh
     r = config.rollout
     self.sampler = make_sampler(c.graphdef, c.model_cfg, SamplingConfig(
@@ -132,7 +134,8 @@ class OnlinePairs:
     t1 = time.time()
     answers = np.repeat(prompts['answer'], self.config.rollout.group_size)
     rewards = rollouts.score_rows(self.runner, texts, list(answers))   # each process its rows
-    trainer.check_rewards(rewards, self.config.rewards.max_invalid_frac, step, texts)
+    trainer.check_rewards(rewards, self.config.rewards.max_invalid_frac, step, texts,
+                          self.kept())
     batch, metrics = self.prepare(self.ref_params, rollout,
                                   hostdata.place(rewards.total, self.batch_sh),
                                   hostdata.place(rewards.valid, self.batch_sh))
@@ -187,7 +190,8 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
   ref_params = c.params
   batch_sh, rep = meshlib.batch_sharding(c.mesh), meshlib.replicated(c.mesh)
   if online:
-    make_batch = OnlinePairs(config, c, data_it, ref_params, batch_sh, rep)
+    make_batch = OnlinePairs(config, c, data_it, ref_params, batch_sh, rep,
+                             kept=lambda: runs.kept_note(ckpt, workdir))
   else:
     t0 = time.time()
     try:

@@ -32,8 +32,7 @@ from rft_jax.telemetry.plot import plot_run
 
 
 class TrainingError(RuntimeError):
-  """A run that had to stop (non-finite loss, a halting incident); the last good checkpoint is
-  kept."""
+  """A run that had to stop (non-finite loss, a halting incident, a reward failure)."""
 
 
 class Preempted(RuntimeError):
@@ -103,7 +102,7 @@ def check_finite(metrics: dict, step: int, ckpt: Checkpointer, workdir: str,
   from before the step (the failure monitor's nonfinite_params incident)."""
   bad = ' and '.join(k for k in ('loss', 'grad_norm')
                      if k in metrics and not np.isfinite(metrics[k]))
-  kept = _kept(ckpt, workdir)
+  kept = kept_note(ckpt, workdir)
   if 'param_norm' in metrics and not np.isfinite(metrics['param_norm']):
     raise TrainingError(f'the parameters are no longer finite after step {step} (param_norm '
                         f'{metrics["param_norm"]}, grad_norm {metrics.get("grad_norm")}); {kept}')
@@ -134,9 +133,13 @@ def check_skipped_streak(streak: int, limit: int, bad: str, step: int, ckpt: Che
                         f'{f"step {before[-1]}" if before else "none kept"}, in {workdir}')
 
 
-def _kept(ckpt: Checkpointer, workdir: str) -> str:
-  return (f'stopped with the last good checkpoint (step {ckpt.latest_step() or "none"}) kept '
-          f'in {workdir}')
+def kept_note(ckpt: Checkpointer, workdir: str) -> str:
+  """A stopped run's last words: the checkpoint kept, or none yet (the command starts over)."""
+  step = ckpt.latest_step()
+  if step is None:
+    return (f'stopped before its first checkpoint, so none is kept in {workdir}; the same '
+            'command starts the run over')
+  return f'stopped with the last good checkpoint (step {step}) kept in {workdir}'
 
 
 def next_batch(data_it, step: int):
@@ -296,9 +299,9 @@ def save_checkpoint(config, ckpt: Checkpointer, step: int, state, data_state: di
                     reference_before_reset=None) -> bool:
   """Saves a checkpoint (reference, reference_before_reset: Checkpointer.save's); on failure
   (full disk, I/O error) keeps training if at least config.train.min_good_checkpoints
-  (default 1) verified checkpoints exist, else stops. The
-  final step's checkpoint (or the one a stop request writes) must be saved: without it the
-  trained policy is not on disk, so its failure stops the run with an error.
+  (default 1) verified checkpoints exist, else stops. The final step's checkpoint (or the one a
+  stop request writes) must be saved: without it the trained policy is not on disk, so its
+  failure stops the run with an error.
 
   Returns whether the checkpoint was written. Raises TrainingError when the run must stop.
   """
