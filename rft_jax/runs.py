@@ -12,13 +12,10 @@
 """
 import json
 import os
-import signal
-import threading
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
 
 from rft_jax import components, incidents, initial_policy
 from rft_jax import config as config_lib
@@ -27,6 +24,8 @@ from rft_jax.workdir_config import (  # noqa: F401  (runs.X for tools and tests)
 from rft_jax.algorithms import train_state as ts
 from rft_jax.checkpoint import Checkpointer, CheckpointSaveError
 from rft_jax.parallel import mesh as meshlib
+from rft_jax.stop_signals import (  # noqa: F401  (runs.X for the trainers, main and tests)
+    SetupInterrupted, StopRequest, preempt_at_once)
 from rft_jax.telemetry import sinks
 from rft_jax.telemetry.plot import plot_run
 
@@ -37,57 +36,6 @@ class TrainingError(RuntimeError):
 
 class Preempted(RuntimeError):
   """The run stopped on SIGTERM/SIGINT after checkpointing its last finished step."""
-
-
-class SetupInterrupted(BaseException):
-  """SIGTERM before a run's step loop. A BaseException, as KeyboardInterrupt: no `except
-  Exception` on its way (a checkpoint restore sets aside a checkpoint it cannot read) may take
-  it for a problem of the data it was reading."""
-
-
-def preempt_at_once(signum, frame):
-  """SIGTERM handler for the set-up before a run's step loop (model load, restore, compiles, the
-  base eval), where there is no step to finish: stop now, with nothing to save (exit 75)."""
-  del frame
-  raise SetupInterrupted(f'{signal.Signals(signum).name} outside the step loop (set-up or '
-                         'wrap-up): nothing new to save; run the same command again to resume')
-
-
-class StopRequest:
-  """Turns SIGTERM and SIGINT into a flag the loop checks between steps (main thread only).
-
-  The first signal asks for a clean stop after the current step; a second SIGINT interrupts at
-  once (KeyboardInterrupt), for a user who really means it.
-  """
-
-  def __init__(self):
-    self.requested = False
-    self.signal_name = ''
-    self._previous = {}
-    if threading.current_thread() is threading.main_thread():
-      for sig in (signal.SIGTERM, signal.SIGINT):
-        self._previous[sig] = signal.signal(sig, self._handle)
-
-  def _handle(self, signum, frame):
-    if self.requested and signum == signal.SIGINT:
-      raise KeyboardInterrupt
-    self.requested = True
-    self.signal_name = signal.Signals(signum).name
-
-  def agreed(self) -> bool:
-    """Whether any process was asked to stop. Every process calls this at the same point of
-    each step (a collective when there are several), so all of them stop after the same step."""
-    if jax.process_count() == 1:
-      return self.requested
-    flags = multihost_utils.process_allgather(np.int32(self.requested))
-    if np.max(flags) and not self.requested:
-      self.requested, self.signal_name = True, 'stop on another process'
-    return bool(np.max(flags))
-
-  def restore(self) -> None:
-    for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
-    self._previous = {}
 
 
 def check_finite(metrics: dict, step: int, ckpt: Checkpointer, workdir: str,
