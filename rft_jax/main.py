@@ -73,13 +73,16 @@ def main(argv: Sequence[str]) -> int:
     return USAGE_ERROR
   if not flags.FLAGS.is_parsed():  # absl.logging warns until the global flags are parsed.
     flags.FLAGS.mark_as_parsed()
-  from rft_jax import compile_cache, components, runs  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from rft_jax import compile_cache, components, runs, stop_signals
   compile_cache.enable()   # compiled programs are kept on disk for the next run
   # SIGTERM during set-up stops at once (exit 75); the step loop then installs its own handler,
   # which finishes the current step and checkpoints first (runs.StopRequest).
   in_main_thread = threading.current_thread() is threading.main_thread()
   previous_sigterm = (signal.signal(signal.SIGTERM, runs.preempt_at_once) if in_main_thread
                       else None)
+  previous_unraisable, sys.unraisablehook = (
+      sys.unraisablehook, stop_signals.quiet_unraisable(sys.unraisablehook))
   try:
     # jax.distributed from JAX_COORDINATOR_ADDRESS etc. (else a no-op), then the recipe's
     # trainer: SFT, DPO or RL.
@@ -113,6 +116,8 @@ def main(argv: Sequence[str]) -> int:
   finally:
     if in_main_thread:
       signal.signal(signal.SIGTERM, previous_sigterm)
+    sys.unraisablehook = previous_unraisable
+    stop_signals.PENDING.clear()
   return 0
 
 

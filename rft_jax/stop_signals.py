@@ -14,12 +14,33 @@ class SetupInterrupted(BaseException):
   it for a problem of the data it was reading."""
 
 
+# The signal preempt_at_once was called for, until the command line's run ends: Python drops
+# an exception raised where it cannot propagate (a gc callback, such as jax's, a __del__; it
+# printed 'Exception ignored in ...'), and set-up then went on to train the whole run.
+PENDING: list[str] = []
+
+
 def preempt_at_once(signum, frame):
   """SIGTERM handler for the set-up before a run's step loop (model load, restore, compiles, the
-  base eval), where there is no step to finish: stop now, with nothing to save (exit 75)."""
+  base eval), where there is no step to finish: stop now, with nothing to save (exit 75). Should
+  the exception be dropped, StopRequest raises it again before the first step."""
   del frame
-  raise SetupInterrupted(f'{signal.Signals(signum).name} outside the step loop (set-up or '
-                         'wrap-up): nothing new to save; run the same command again to resume')
+  PENDING[:] = [signal.Signals(signum).name]
+  raise _setup_interrupted(PENDING[0])
+
+
+def _setup_interrupted(name: str) -> SetupInterrupted:
+  return SetupInterrupted(f'{name} outside the step loop (set-up or wrap-up): nothing new to '
+                          'save; run the same command again to resume')
+
+
+def quiet_unraisable(hook):
+  """sys.unraisablehook that leaves out the SetupInterrupted Python drops (StopRequest raises
+  it again) and hands anything else to `hook`."""
+  def quiet(unraisable):
+    if not isinstance(unraisable.exc_value, SetupInterrupted):
+      hook(unraisable)
+  return quiet
 
 
 class StopRequest:
@@ -30,6 +51,8 @@ class StopRequest:
   """
 
   def __init__(self):
+    if PENDING:   # a set-up SIGTERM whose exception was dropped: no step may start
+      raise _setup_interrupted(PENDING[0])
     self.requested = False
     self.signal_name = ''
     self._previous = {}

@@ -206,3 +206,34 @@ def test_a_stopped_rl_run_writes_its_incident_report(tmp_path):
   assert os.path.isfile(tmp_path / 'run.png')
   messages = [r['text'] for r in read_jsonl(str(tmp_path / 'metrics.jsonl'), kind='message')]
   assert 'failure monitor: 0 incident(s)' in messages
+
+
+def test_a_setup_sigterm_that_python_drops_still_stops_before_the_first_step(tmp_path, capsys):
+  """SIGTERM in set-up can land while a gc callback runs (jax registers one), where Python
+  drops the exception the handler raises (it printed 'Exception ignored in
+  <function _xla_gc_callback>' and a traceback): the run then trained to the end and exited 0.
+  Now the step loop does not start: exit 75, no checkpoint, the usual line and no traceback.
+  In process: a gc callback sends the signal once the set-up handler is in place."""
+  import gc   # pylint: disable=g-import-not-at-top
+  from rft_jax import main, runs   # pylint: disable=g-import-not-at-top
+  sent = []
+
+  def in_gc(phase, info):
+    del info
+    if phase == 'start' and not sent and signal.getsignal(signal.SIGTERM) is runs.preempt_at_once:
+      sent.append(1)
+      os.kill(os.getpid(), signal.SIGTERM)
+      for _ in range(1000):   # the handler runs here, inside the callback
+        pass
+
+  workdir = str(tmp_path / 'w')
+  gc.callbacks.append(in_gc)
+  try:
+    status = main.main(['main', *command(workdir)[3:], '--config.train.steps=2'])
+  finally:
+    gc.callbacks.remove(in_gc)
+  err = capsys.readouterr().err
+  assert sent and status == 75, err
+  assert err.strip().splitlines()[-1].startswith('stopped: SIGTERM outside the step loop'), err
+  assert 'Traceback' not in err and 'Exception ignored' not in err, err
+  assert not os.path.isdir(os.path.join(workdir, 'checkpoints', '1'))
