@@ -329,3 +329,17 @@ def test_a_plot_that_cannot_be_written_does_not_fail_a_finished_run(tmp_path, mo
   assert summary['steps'] == 1 and os.path.exists(tmp_path / 'summary.json')
   messages = [m['text'] for m in read_jsonl(str(tmp_path / 'metrics.jsonl'), kind='message')]
   assert any(m.startswith(f'run.png not drawn ({tmp_path / "run.png"}): OSError') for m in messages)
+
+
+def test_sft_logs_its_base_eval_at_step_0(tmp_path):
+  """The SFT loop evaluated the starting policy (summary.json's base_*_acc) but neither printed
+  nor logged it, unlike the RL and DPO loops: no 'eval @ step 0' line, no step-0 eval record in
+  metrics.jsonl (so none in run.png or api.Run.evals)."""
+  from configs import sft_arith  # pylint: disable=g-import-not-at-top
+  from rft_jax import sft  # pylint: disable=g-import-not-at-top
+  config = sft_arith.get_config('tiny')
+  config.telemetry.tensorboard = False
+  config.train.steps = 1
+  summary = sft.run(config, str(tmp_path))
+  first = read_jsonl(str(tmp_path / 'metrics.jsonl'), kind='eval')[0]
+  assert first['step'] == 0 and first['eval/base_greedy_acc'] == summary['base_greedy_acc']
