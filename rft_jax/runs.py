@@ -212,7 +212,9 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
     raise components.SetupError(
         f'config.train.steps={config.train.steps} is below the step of the unfinished run in '
         f'{workdir} (checkpoint {start}); set train.steps to {start} or more to finish it')
-  record_workdir_config(config, workdir)
+  if start < config.train.steps or 'final_eval' not in meta or not os.path.isfile(
+      os.path.join(workdir, RUN_CONFIG)):   # a finished run's keeps the config it trained with
+    record_workdir_config(config, workdir)
   if jax.process_index() == 0:
     if initial is not None and start:   # checked on resume: the same policy, its files' stats
       initial_policy.record(workdir, initial)

@@ -1,5 +1,5 @@
-"""workdir/config.json: the config of a run's latest invocation, and the check that a later
-invocation continues the same run (its recipe, model and algorithm)."""
+"""workdir/config.json: the config of a run's latest invocation that trained, and the check
+that a later invocation continues the same run (its recipe, model and algorithm)."""
 import json
 import os
 

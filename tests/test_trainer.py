@@ -343,3 +343,17 @@ def test_sft_logs_its_base_eval_at_step_0(tmp_path):
   summary = sft.run(config, str(tmp_path))
   first = read_jsonl(str(tmp_path / 'metrics.jsonl'), kind='eval')[0]
   assert first['step'] == 0 and first['eval/base_greedy_acc'] == summary['base_greedy_acc']
+
+
+def test_rerunning_a_finished_run_keeps_the_config_it_trained_with(tmp_path):
+  """A finished run invoked again trains nothing (it prints its summary) but used to rewrite
+  config.json with that invocation's config: train.steps=1 or another learning rate were then
+  recorded (and read by api.open_run and tools.scaling) for a run trained with others."""
+  workdir = str(tmp_path)
+  trainer.run(tiny_config(**{'train.steps': 2}), workdir)
+  with open(os.path.join(workdir, 'config.json')) as f:
+    trained = json.load(f)
+  summary = trainer.run(tiny_config(**{'train.steps': 1, 'optim.lr': 1e-6}), workdir)
+  assert summary['steps'] == 2
+  with open(os.path.join(workdir, 'config.json')) as f:
+    assert json.load(f) == trained
