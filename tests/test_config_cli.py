@@ -108,9 +108,12 @@ def test_cli_config_file_that_fails_to_import(tmp_path):
   _assert_usage_error(result, 'failed to load', "No module named 'no_such_module_anywhere'")
 
 
-def test_cli_recipe_file_that_registers_its_own_verifier(tmp_path):
+@pytest.mark.parametrize('relative', [False, True])
+def test_cli_recipe_file_that_registers_its_own_verifier(tmp_path, relative):
   """The command line loads a recipe file twice (its own check, then absl): the verifier it
-  registers is the same definition both times, not a second one under a taken name."""
+  registers is the same definition both times, not a second one under a taken name. Also with
+  the file named relative to the current directory (`--config own_verifier.py`), which absl
+  loads by that relative path: that was 'verifier ... is registered twice', exit 2."""
   recipe = tmp_path / 'own_verifier.py'
   recipe.write_text(
       'from configs import grpo_arith\n'
@@ -122,7 +125,14 @@ def test_cli_recipe_file_that_registers_its_own_verifier(tmp_path):
       "  config = grpo_arith.get_config('tiny')\n"
       "  config.rewards.weights = {'correct': 1.0, 'always_one_cli_test': 0.5}\n"
       '  return config\n')
-  result = _cli('--config', str(recipe), '--validate_only')
+  if relative:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (
+        REPO, os.environ.get('PYTHONPATH')))))
+    result = subprocess.run(
+        [sys.executable, '-m', 'rft_jax.main', '--config', recipe.name, '--validate_only'],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+  else:
+    result = _cli('--config', str(recipe), '--validate_only')
   assert result.returncode == 0 and result.stdout.strip() == 'config OK', result.stderr
 
 

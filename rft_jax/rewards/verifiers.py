@@ -21,6 +21,7 @@ both inline (a strip, a linear-time regex full-match and a string compare):
   correct: 1.0 iff the completion is exactly the integer answer (surrounding whitespace allowed).
   format:  1.0 iff the completion is a bare integer of at most 6 digits.
 """
+import os
 import re
 from typing import Callable
 
@@ -87,12 +88,17 @@ def _qualified_name(fn: Callable) -> str:
 
 
 def _same_definition(a: Callable, b: Callable) -> bool:
-  """The same function: the same module and name, or the same source (file, line, name)."""
+  """The same function: the same module and name, or the same source (file, line, name). The
+  file as an absolute path: the command line loads a recipe given as `x.py` twice, once by that
+  relative path (ml_collections) and once by the absolute one (api.load_recipe)."""
   if _qualified_name(a) == _qualified_name(b):
     return True
-  where = lambda f: (getattr(getattr(f, '__code__', None), 'co_filename', None),
-                     getattr(getattr(f, '__code__', None), 'co_firstlineno', None),
-                     getattr(f, '__qualname__', None))
+
+  def where(f):
+    code = getattr(f, '__code__', None)
+    filename = getattr(code, 'co_filename', None)
+    return (filename and os.path.abspath(filename), getattr(code, 'co_firstlineno', None),
+            getattr(f, '__qualname__', None))
   return where(a)[0] is not None and where(a) == where(b)
 
 
