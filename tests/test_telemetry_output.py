@@ -270,3 +270,28 @@ def test_finish_run_without_jsonl_says_why_there_is_no_plot(tmp_path):
   messages = [r['text'] for r in recorder.records if r['kind'] == 'message']
   assert messages == ['run.png not drawn: it is drawn from metrics.jsonl, and '
                       'config.telemetry.jsonl is off']
+
+
+def test_a_closed_stdout_quiets_the_console_and_the_run_goes_on():
+  """`python -m rft_jax.main ... | head`, or a `tee` that died: rich ended the process with
+  SystemExit(1) at the first line printed after the reader went away, saying nothing (a run
+  stopped between checkpoints). Now one line on stderr; the sink's later calls go on."""
+  code = """
+import sys, time
+from rft_jax.telemetry import sinks
+sink = sinks.ConsoleSink()
+sink.on_start(0, 400, {'recipe': 'x'})
+for step in range(1, 401):
+  time.sleep(0.005)
+  sink.on_step(step, {'reward/mean': 1.0})
+  sink.on_message('m' * 200)
+sink.on_end({'steps': 400})
+print('the run went on', file=sys.stderr)
+"""
+  proc = subprocess.Popen([sys.executable, '-c', code], cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=REPO))
+  proc.stdout.close()   # the reader goes away before (most of) the output
+  err = proc.stderr.read()
+  assert proc.wait(timeout=120) == 0, err[-2000:]
+  assert err.splitlines() == ['warning: the console output is closed (broken pipe); the run goes '
+                              'on without it', 'the run went on']

@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import numbers
+import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,6 +22,24 @@ from rft_jax.telemetry.hooks import Hook
 
 DEFAULT_CONSOLE_KEYS = (('reward/mean', 'reward'), ('kl', 'kl'),
                         ('entropy', 'entropy'), ('response/len_mean', 'len'))
+
+
+class RunConsole(Console):
+  """A rich Console that outlives a closed stdout (`... | head`, a `tee` that died): rich's
+  default ends the process (SystemExit(1), and nothing said) at the first line printed after
+  the reader went away, which stopped a run between checkpoints. Here the console goes quiet
+  with one line on stderr and the run goes on (its records still go to metrics.jsonl)."""
+
+  def on_broken_pipe(self) -> None:
+    self.quiet = True
+    try:   # later writes and the exit's flush go nowhere instead of failing
+      devnull = os.open(os.devnull, os.O_WRONLY)
+      os.dup2(devnull, self.file.fileno())
+      os.close(devnull)
+    except (OSError, ValueError, AttributeError):   # a file with no descriptor
+      pass
+    print('warning: the console output is closed (broken pipe); the run goes on without it',
+          file=sys.stderr, flush=True)
 
 
 def format_value(value: Any) -> str:
@@ -78,7 +98,7 @@ class ConsoleSink(Hook):
       total_steps: fallback total if `on_step` arrives without `on_start`.
     """
     self.keys = tuple(keys)
-    self.console = console if console is not None else Console()
+    self.console = console if console is not None else RunConsole()
     self.total_steps = total_steps
     self._live = live_display(self.console)
     self._soft_wrap = not (self.console.is_terminal or self.console.is_jupyter)
