@@ -172,9 +172,20 @@ def _check_algo(config: ml_collections.ConfigDict) -> None:
       reason += (f' (algo.advantage={algo.advantage!r} uses a group baseline; with 1 use '
                  + ' or '.join(map(repr, GROUP_FREE_ADVANTAGES)) + ')')
     raise ConfigError('rollout.group_size', reason, rollout.group_size)
+  if not rollout.temperature and algo.advantage not in group_free and not _moves_temp(config):
+    raise ConfigError('rollout.temperature', 'greedy sampling makes the G completions of a '
+                      f'prompt identical, so algo.advantage={algo.advantage!r} (a group '
+                      'baseline) is 0 for every completion and nothing is learned; sample at a '
+                      "temperature > 0 (e.g. 1.0), or use 'reinforce_pp' or 'gae' (PPO)", 0.0)
   if algo.get('clip_c', 0) and algo.loss not in DUAL_CLIP_LOSSES:
     raise ConfigError('algo.clip_c', f'dual-clip applies to the {" and ".join(DUAL_CLIP_LOSSES)} '
                       f'losses, not algo.loss={algo.loss!r}; set it to 0', algo.clip_c)
+
+
+def _moves_temp(config: ml_collections.ConfigDict) -> bool:
+  """An injected fault (rft_jax/faults.py) samples at another temperature than the recipe's."""
+  moving = ('sampler_temperature', 'temperature_anneal', 'kl_removed_low_temp')
+  return any(hasattr(f, 'get') and f.get('type') in moving for f in config.get('faults', ()))
 
 
 def _check_critic(algo: ml_collections.ConfigDict) -> None:
@@ -285,6 +296,10 @@ def check_dpo(config: ml_collections.ConfigDict) -> None:
     if config.rollout.group_size < 2:
       raise ConfigError('rollout.group_size', 'online DPO needs at least 2 completions per '
                         'prompt to form a pair', config.rollout.group_size)
+    if not config.rollout.temperature:
+      raise ConfigError('rollout.temperature', 'greedy sampling makes the G completions of a '
+                        'prompt identical, so no prompt yields a pair (every one is skipped) and '
+                        'nothing is learned; sample at a temperature > 0 (e.g. 1.0)', 0.0)
     batch_key, batch = 'rollout.prompts_per_step', config.rollout.prompts_per_step
     _check_fits(config, 'rollout.max_new_tokens')
   else:

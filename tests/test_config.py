@@ -189,7 +189,8 @@ def test_sft_teacher_error_rate_is_a_fraction(sft):
 
 
 def test_edge_values_are_allowed(grpo):
-  grpo.rollout.temperature = 0.0
+  grpo.rollout.temperature = 0.0   # greedy: with a group baseline it learns nothing (refused)
+  grpo.algo.advantage = 'reinforce_pp'
   grpo.rollout.top_p = 1.0
   grpo.rollout.top_k = 0
   grpo.algo.kl_coef = 0.0

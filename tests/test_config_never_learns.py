@@ -1,0 +1,57 @@
+"""Configs that validate but could never do what they ask are refused at validate (exit 2 from
+the command line, --validate_only too), naming the keys: training that learns nothing, a
+checkpoint floor that cannot be met, an eval set larger than its split."""
+import pytest
+
+from configs import grpo_arith, online_dpo_arith, ppo_arith
+from rft_jax import config as config_lib
+
+
+def _error(config) -> config_lib.ConfigError:
+  with pytest.raises(config_lib.ConfigError) as info:
+    config_lib.validate(config)
+  assert '\n' not in str(info.value)
+  return info.value
+
+
+# --- Greedy rollouts (rollout.temperature = 0) -------------------------------------------------
+
+@pytest.mark.parametrize('advantage', ['grpo', 'dr_grpo', 'rloo', 'grpo_batch_norm',
+                                       'reinforce_pp_baseline'])
+def test_greedy_rollouts_with_a_group_baseline_are_refused(advantage):
+  """Every completion of a group is the same greedy one, so its reward equals the group's mean
+  and every advantage is 0: the run trained its steps and learned nothing (was: valid)."""
+  config = grpo_arith.get_config('tiny')
+  config.rollout.temperature, config.algo.advantage = 0.0, advantage
+  error = _error(config)
+  assert error.key == 'rollout.temperature', str(error)
+  assert str(error).startswith('config.rollout.temperature=0.0: greedy sampling makes the G '
+                               'completions of a prompt identical')
+  assert f'algo.advantage={advantage!r}' in str(error) and 'nothing is learned' in str(error)
+
+
+def test_greedy_online_dpo_is_refused():
+  """Identical completions score the same: every prompt is skipped, no pair is ever formed."""
+  config = online_dpo_arith.get_config('tiny')
+  config.rollout.temperature = 0.0
+  error = _error(config)
+  assert error.key == 'rollout.temperature' and 'no prompt yields a pair' in str(error)
+
+
+def test_greedy_rollouts_without_a_group_baseline_are_allowed():
+  """REINFORCE++ (batch baseline) and PPO (a critic) get advantages that differ across prompts;
+  a fault that changes the sampling temperature makes the groups differ again; greedy eval is
+  always fine."""
+  config = grpo_arith.get_config('tiny')
+  config.rollout.temperature, config.algo.advantage = 0.0, 'reinforce_pp'
+  config_lib.validate(config)
+  config = ppo_arith.get_config('tiny')
+  config.rollout.temperature = 0.0
+  config_lib.validate(config)
+  config = grpo_arith.get_config('tiny')
+  config.rollout.temperature = 0.0
+  config.faults = [{'type': 'temperature_anneal', 'onset_step': 1, 'strength': 0.7}]
+  config_lib.validate(config)
+  config = grpo_arith.get_config('tiny')
+  config.eval.temperature = 0.0
+  config_lib.validate(config)
