@@ -352,24 +352,3 @@ def check_task(config: ml_collections.ConfigDict) -> None:
     if not os.path.isdir(os.path.expanduser(manual_dir)):
       raise ConfigError('task.manual_dir', f'no such directory (relative to {os.getcwd()}); it '
                         'must hold train.jsonl and test.jsonl', manual_dir)
-
-
-def sampling_notices(config: ml_collections.ConfigDict) -> list[str]:
-  """Start-up notices (not errors) about the rollout settings of a GRPO-family or PPO recipe.
-
-  With rollout.top_k > 0 or rollout.top_p < 1 the sampler draws from the truncated,
-  renormalised distribution, while the update scores the tokens under the full softmax (at the
-  sampling temperature, as verl does): the policy gradient is then off-policy by the mass the
-  filter removes. The gap is reported as mismatch/k3; algo.tis_cap > 0 reweights the sampled
-  tokens by pi_full / pi_truncated (capped), but tokens the filter removed are never sampled.
-  """
-  rollout = config.rollout
-  where = [f'rollout.top_k={rollout.top_k}'] if rollout.top_k > 0 else []
-  where += [f'rollout.top_p={rollout.top_p}'] if rollout.top_p < 1 else []
-  if not where:
-    return []
-  return [f'{", ".join(where)}: completions are sampled from the truncated distribution but the '
-          'update scores them under the full one, so the policy gradient is off-policy by the '
-          'mass the filter removes (reported as mismatch/k3; algo.tis_cap > 0 reweights the '
-          'sampled tokens but cannot restore the removed ones); for on-policy training leave '
-          'top_k=0 and top_p=1.0']

@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rft_jax import (compile_cache, components, config_rules, evaluation, faults, incidents,
-                     rollouts, runs)
+from rft_jax import (compile_cache, components, evaluation, faults, incidents, rollouts, runs)
+from rft_jax import config as config_lib
 from rft_jax.algorithms import kl_control, ppo
 from rft_jax.algorithms import step_fns as step_fns_lib
 from rft_jax.algorithms import train_state as ts
@@ -137,7 +137,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
                          uses_reference=algo.use_reference)
   state, shardings, ckpt, meta, hooks, start, reset_ref = opened
   hooks.on_message(f'memory estimate: {memory_est.describe()}')
-  for notice in config_rules.sampling_notices(config):
+  for notice in config_lib.sampling_notices(config):
     hooks.on_message(notice)
   total = config.train.steps
   if start >= total and 'final_eval' in meta:
