@@ -235,6 +235,9 @@ def _check_dapo_extras(config: ml_collections.ConfigDict) -> None:
     raise ConfigError('algo.dynamic_sampling', 'needs rollout.group_size >= 2 (it drops groups '
                       f'without reward spread; a group of {rollout.group_size} never has any)',
                       True)
+  if algo.get('dynamic_sampling', False) and not rollout.temperature and not _moves_temp(config):
+    raise ConfigError('algo.dynamic_sampling', 'drops every group: greedy sampling '
+                      '(rollout.temperature=0) gives a group no reward spread', True)
   cache = algo.get('overlong_cache', 0)
   if cache > rollout.max_new_tokens:
     raise ConfigError('algo.overlong_cache', f'must be <= rollout.max_new_tokens='

@@ -55,3 +55,12 @@ def test_greedy_rollouts_without_a_group_baseline_are_allowed():
   config = grpo_arith.get_config('tiny')
   config.eval.temperature = 0.0
   config_lib.validate(config)
+
+
+def test_greedy_rollouts_with_dynamic_sampling_are_refused():
+  """Dynamic sampling drops groups without reward spread: a greedy group never has any."""
+  config = grpo_arith.get_config('tiny')
+  config.rollout.temperature, config.algo.advantage = 0.0, 'reinforce_pp'
+  config.algo.dynamic_sampling = True
+  error = _error(config)
+  assert error.key == 'algo.dynamic_sampling' and 'drops every group' in str(error), str(error)
