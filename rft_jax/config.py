@@ -96,6 +96,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
       raise ConfigError(key, requirement, value)
   rules.check_model(config)
   rules.check_mesh(config)
+  rules.check_train(config)
   if is_sft(config):
     rules.check_sft(config)
   elif is_dpo(config):

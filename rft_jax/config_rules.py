@@ -154,6 +154,17 @@ def check_model(config: ml_collections.ConfigDict) -> None:
                       f"{os.getcwd()}); '' = the model config.model describes", path)
 
 
+def check_train(config: ml_collections.ConfigDict) -> None:
+  """A failed save goes on only with >= min_good_checkpoints good ones on disk, and at most
+  keep_checkpoints are kept (rft_jax/runs.py save_checkpoint): a floor above that always stops."""
+  train = config.train
+  need, keep = train.get('min_good_checkpoints', 1), train.keep_checkpoints
+  if need > keep:
+    raise ConfigError('train.min_good_checkpoints', f'must be <= train.keep_checkpoints={keep}: '
+                      f'at most {keep} checkpoint(s) are kept, so any failed save would stop the '
+                      'run; lower it or raise train.keep_checkpoints', need)
+
+
 def check_mesh(config: ml_collections.ConfigDict) -> None:
   flexible = [axis for axis in config.mesh.keys() if config.mesh[axis] == -1]
   if len(flexible) > 1:

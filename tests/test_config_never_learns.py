@@ -64,3 +64,18 @@ def test_greedy_rollouts_with_dynamic_sampling_are_refused():
   config.algo.dynamic_sampling = True
   error = _error(config)
   assert error.key == 'algo.dynamic_sampling' and 'drops every group' in str(error), str(error)
+
+
+# --- Checkpoints -------------------------------------------------------------------------------
+
+def test_a_checkpoint_floor_above_the_checkpoints_kept_is_refused():
+  """At most train.keep_checkpoints are on disk, so with min_good_checkpoints above it the first
+  failed save (a full disk for a moment) stopped the run however many had been written."""
+  config = grpo_arith.get_config('tiny')
+  config.train.keep_checkpoints, config.train.min_good_checkpoints = 2, 3
+  error = _error(config)
+  assert error.key == 'train.min_good_checkpoints'
+  assert str(error).startswith('config.train.min_good_checkpoints=3: must be <= '
+                               'train.keep_checkpoints=2'), str(error)
+  config.train.min_good_checkpoints = 2
+  config_lib.validate(config)
