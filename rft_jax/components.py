@@ -11,7 +11,7 @@ import jax
 from flax import nnx
 from safetensors import SafetensorError
 
-from rft_jax import checkpoint
+from rft_jax import checkpoint, config_rules
 from rft_jax.data import arith, gsm8k, pipeline
 from rft_jax.models import functional as lm
 from rft_jax.models import hf_checkpoint
@@ -167,10 +167,12 @@ def check_setup(config) -> None:
   if config.task.name == 'gsm8k':
     skip = config.task.get('bad_records', 'error') == 'skip'
     try:
-      gsm8k.read_split(config.task.manual_dir, 'test')
+      test = gsm8k.read_split(config.task.manual_dir, 'test')
       gsm8k.read_split(config.task.manual_dir, 'train', skipped=[] if skip else None)
     except (FileNotFoundError, ValueError) as e:
       raise SetupError(f'config.task.manual_dir: {e}') from None
+    if config_rules.eval_size_error(config, len(test)):   # as eval_batch would at run time
+      raise SetupError(str(config_rules.eval_size_error(config, len(test))))
     _check_chat_template(config, tokenizer)
 
 
@@ -373,6 +375,8 @@ def _reason(e: BaseException) -> str:
 
 def eval_batch(c: Components, config) -> dict:
   """The fixed held-out prompts (first eval.num_prompts of the test split)."""
+  if config_rules.eval_size_error(config, len(c.test_source)):   # as --validate_only says
+    raise SetupError(str(config_rules.eval_size_error(config, len(c.test_source))))
   try:
     batch = pipeline.eval_prompts(c.test_source, c.tokenizer,
                                   max_prompt_len=config.task.max_prompt_len,
@@ -380,7 +384,6 @@ def eval_batch(c: Components, config) -> dict:
   except ValueError as e:   # names the record and what is wrong with it
     raise SetupError(f'test split: {e}') from None
   return {**batch, 'verifier': TASK_VERIFIERS[config.task.name]}
-
 
 
 def process_share(global_batch: int, key: str) -> dict:

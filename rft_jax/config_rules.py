@@ -351,6 +351,18 @@ def _check_fits(config: ml_collections.ConfigDict, completion_key: str) -> None:
 
 
 TASKS = ('arith', 'gsm8k')   # rft_jax/components.py load_task
+ARITH_NUM_TEST = 500   # = rft_jax/data/arith.py NUM_TEST (that module imports tfds)
+
+
+def eval_size_error(config: ml_collections.ConfigDict, available: int) -> ConfigError | None:
+  """The eval set is the first eval.num_prompts records of the task's test split of
+  `available` records: the error when it asks for more (check_task raises it for arith;
+  rft_jax/components.py for GSM8K's file at --validate_only and for any task at run time)."""
+  if config.eval.num_prompts <= available:
+    return None
+  return ConfigError('eval.num_prompts', f'must be <= {available}, the number of records in the '
+                     f'{config.task.name} test split (the eval set is its first '
+                     'eval.num_prompts)', config.eval.num_prompts)
 
 
 def check_task(config: ml_collections.ConfigDict) -> None:
@@ -358,6 +370,8 @@ def check_task(config: ml_collections.ConfigDict) -> None:
   if task.name not in TASKS:
     raise ConfigError('task.name', 'unknown task' + did_you_mean(task.name, TASKS) + '; known: '
                       + ', '.join(TASKS), task.name)
+  if task.name == 'arith' and eval_size_error(config, ARITH_NUM_TEST):
+    raise eval_size_error(config, ARITH_NUM_TEST)
   if task.name == 'gsm8k':
     manual_dir = task.get('manual_dir', '')
     if not manual_dir:

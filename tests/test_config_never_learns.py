@@ -79,3 +79,23 @@ def test_a_checkpoint_floor_above_the_checkpoints_kept_is_refused():
                                'train.keep_checkpoints=2'), str(error)
   config.train.min_good_checkpoints = 2
   config_lib.validate(config)
+
+
+# --- The eval set ------------------------------------------------------------------------------
+
+def test_more_eval_prompts_than_the_test_split_holds_is_refused():
+  """The run failed at set-up ('test split: num_prompts=100000 not in [1, 500]') after
+  --validate_only had said 'config OK': the arith split's size is known from the config."""
+  config = grpo_arith.get_config('tiny')
+  config.eval.num_prompts = 100000
+  error = _error(config)
+  assert str(error) == ('config.eval.num_prompts=100000: must be <= 500, the number of records '
+                        'in the arith test split (the eval set is its first eval.num_prompts)')
+  config.eval.num_prompts = 500
+  config_lib.validate(config)
+
+
+def test_the_arith_test_split_size_is_the_datasets():
+  from rft_jax import config_rules  # pylint: disable=g-import-not-at-top
+  from rft_jax.data import arith  # pylint: disable=g-import-not-at-top
+  assert config_rules.ARITH_NUM_TEST == arith.NUM_TEST

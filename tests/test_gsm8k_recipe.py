@@ -137,6 +137,10 @@ def test_validate_only_reads_the_data_and_the_tokenizer(tmp_path):
       *[f'--config.model.{k}={v}' for k, v in TINY.items()], '--validate_only')
   ok = check()
   assert ok.returncode == 0 and ok.stdout.strip() == 'config OK', ok.stderr[-2000:]
+  many = check('--config.eval.num_prompts=3')   # test.jsonl holds 2: the run failed at its eval
+  assert many.returncode == 2 and many.stderr.startswith(
+      'error: config.eval.num_prompts=3: must be <= 2, the number of records in the gsm8k test '
+      'split'), many.stderr[-2000:]
   with open(os.path.join(manual_dir, 'test.jsonl'), 'a') as f:
     f.write('{"question": "Q?"\n')
   bad = check()
