@@ -29,6 +29,23 @@ def incident_steps(updates):
   return [inc['step'] for u in updates for inc in u.incidents]
 
 
+def test_a_fit_through_mostly_equal_evals_is_not_identified():
+  """A tiny run's evals: the base, one on the rise, then the same accuracy five times. A steep
+  sigmoid passes through all of them, the residual bootstrap has nothing to resample, and the
+  live fit logged A 0.781 [0.781, 0.781] as identified: a zero-width band from no noise."""
+  steps, c = np.arange(1, 7) * 5, np.arange(1, 7) * 1e12
+  y = [0.75] + [0.781] * 5
+  updates = live.replay(steps, c, y, 0.5, FAST, total_steps=30)
+  last = updates[-1].metrics
+  assert last['scaling/A_identified'] == 0.0 and 'scaling/A' not in last, last
+  fit = live.fit_points(c, y, 0.5, FAST)
+  assert fit.intervals['A'][1] - fit.intervals['A'][0] < 1e-4   # the collapse, still there
+  assert 'passes through every fitted point' in fit.A_reason and 'zero width' in fit.A_reason
+  assert 'A     = not reported: the curve passes through' in fit.summary()
+  noisy = live.fit_points(*curve(0)[1:], TRUE['R0'], FAST)   # a real curve stays identified
+  assert noisy.A_identified, noisy.A_reason
+
+
 def test_a_point_far_below_the_band_raises_one_incident_shaped_like_the_monitors():
   steps, c, y = curve(0, drop_at=(12,))
   updates = live.replay(steps, c, y, TRUE['R0'], FAST, total_steps=100, metric='eval/m')

@@ -36,6 +36,10 @@ def _expit(z):
 
 PARAMS = ('A', 'B', 'C_mid')
 _B_BOUNDS = (1e-2, 50.0)
+# A fit whose residual sd is below this fraction of the curve's span interpolates its points
+# (e.g. a base eval, one point on the rise, then equal evals): the residual bootstrap then
+# resamples nothing and returns zero-width intervals, which are not evidence that A is known.
+_EXACT = 1e-4
 
 
 def sigmoid_curve(compute: Any, A: float, B: float, C_mid: float, R0: float) -> np.ndarray:
@@ -296,10 +300,16 @@ def fit_sigmoid(compute: Any, reward: Any, exclude_first: float = 0.1, *,
   boot[:, 2] = np.exp(boot[:, 2])
   intervals = {p: common.interval(boot[:, k], level) for k, p in enumerate(PARAMS)}
   identified, reason = identify_A(a, math.exp(m), r0, intervals, float(cf[-1]), upper)
+  sd = math.sqrt(sse / max(cf.size - 3, 1))
+  if identified and sd <= _EXACT * max(float(np.ptp(rf)), abs(a - r0)):
+    identified, reason = False, (
+        f'the curve passes through every fitted point (residual sd {sd:.2g}): the bootstrap '
+        'has no noise to resample, so every interval has zero width; A is not identified '
+        '(more evals, or evals that are not mostly equal)')
   fit = SigmoidFit(A=float(a), B=float(b), C_mid=math.exp(m), R0=r0, intervals=intervals,
                    boot=boot, boot_r0=r0s, compute=cf, values=rf,
                    excluded=int(c.size - cf.size),
-                   residual_sd=math.sqrt(sse / max(cf.size - 3, 1)),
+                   residual_sd=sd,
                    A_identified=identified, A_reason=reason, level=level, block=block,
                    upper=upper)
   if target_compute is not None:
