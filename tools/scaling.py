@@ -15,7 +15,8 @@ C = 0. Compute, in this order of preference:
      and each step's logged `response/len_mean` (max_new_tokens if not logged). The config is
      `--config FILE[:ARG]`, else the run's own `config.json` (the config it ran with,
      overrides included), else configs/<recipe>.py for the recipe named in the log's start
-     record (a log without its run directory; overrides unknown).
+     record (a log without its run directory): the full recipe, since the log records neither
+     its variant (`:tiny`) nor overrides; a warning on stderr says so.
 After a remediation rewind (monitor.mode='auto') the log holds the abandoned steps, then the
 redone ones: the evals fitted are those of the final trajectory (`rft_jax.telemetry.records.
 final_trajectory`; an abandoned step's eval is dropped), while the x stays all the compute spent
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
@@ -101,6 +103,18 @@ def _step_cost(config, record) -> float:
   return flops.step_flops_from_config(config, float(gen))['total']
 
 
+def _warn_recipe_guess(run: str, spec: str, config, records) -> None:
+  """One line on stderr: FLOPs counted from the full recipe named in the log, which may not be
+  what ran (a `:tiny` variant has other batch sizes; the log records neither it nor overrides)."""
+  logged = next((r.get('total_steps') for r in records if r.get('kind') == 'start'), None)
+  steps = config.get('train', {}).get('steps')
+  differs = (f'; the log\'s run had {logged} steps, the recipe has {steps}, so it was not the '
+             'full recipe' if logged and steps and logged != steps else '')
+  print(f'warning: {run}: no config.json beside the log, so FLOPs are counted from {spec}, the '
+        f'full recipe named in the log, not any variant (e.g. :tiny) or overrides the run '
+        f'used{differs}; pass --config FILE[:ARG] with what the run ran', file=sys.stderr)
+
+
 def load_run(run: str, metric: str | None, config_spec: str | None) -> dict[str, Any]:
   """{'run', 'metric', 'compute_source', 'step', 'compute', 'value', 'R0'} for one run dir.
 
@@ -131,8 +145,10 @@ def load_run(run: str, metric: str | None, config_spec: str | None) -> dict[str,
       raise UsageError(f'{run}: no {_FLOPS_KEY} logged and no config to compute it from '
                        f'(recipe {recipe!r}); pass --config FILE[:ARG]')
     config = load_config(spec)
-    source = (f'step_flops from {spec}' + ('' if config_spec else
-                                           ' (the recipe named in the log; overrides unknown)'))
+    source = f'step_flops from {spec}'
+    if not config_spec:
+      source += ' (the recipe named in the log; its variant and overrides are unknown)'
+      _warn_recipe_guess(run, spec, config, records)
   if config is not None and 'rollout' not in config:   # SFT, offline DPO: no rollouts to count
     raise UsageError(f'{run}: no {_FLOPS_KEY} logged, and step_flops counts the rollouts of an '
                      f'RL recipe; {config.get("name", "this recipe")} has none (SFT, DPO)')
@@ -233,8 +249,10 @@ def cmd_fit(args) -> int:
       continue
     data['fits'] = fit_run(data, args.model, args)
     runs.append(data)
-    print(f'{run}: {len(data["value"])} eval points of {data["metric"]}, compute from '
-          f'{data["compute_source"]}')
+    n, base = len(data['value']), data['R0'] is not None
+    print(f'{run}: {n + base} eval points of {data["metric"]}'
+          + (f' (the base eval at step 0 and {n} after training)' if base else '')
+          + f', compute from {data["compute_source"]}')
     for kind, fit in data['fits'].items():
       print(f'  {kind}: error: {fit["error"]}' if isinstance(fit, dict)
             else '  ' + fit.summary().replace('\n', '\n  '))
@@ -304,6 +322,19 @@ def cmd_plan(args) -> int:
   return 0
 
 
+def _fraction(text: str) -> float:
+  """--exclude-first: a fraction of the run's compute in [0, 1) (a usage error, exit 2, else:
+  it was refused per run, after the logs had been read)."""
+  try:
+    value = float(text)
+  except ValueError:
+    value = math.nan
+  if not 0 <= value < 1:
+    raise argparse.ArgumentTypeError(f'{text!r} is not a fraction in [0, 1): points with compute '
+                                     '<= F * max compute are left out (e.g. 0.1)')
+  return value
+
+
 def _optional_float(text: str) -> float | None:
   return None if text.lower() == 'none' else float(text)
 
@@ -314,7 +345,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   sub = parser.add_subparsers(dest='command', required=True)
   fit = sub.add_parser('fit', help='fit eval accuracy against training compute')
   fit.add_argument('runs', nargs='+', help='run dirs (or metrics.jsonl files)')
-  fit.add_argument('--exclude-first', type=float, default=0.1,
+  fit.add_argument('--exclude-first', type=_fraction, default=0.1, metavar='F',
                    help='leave out points with compute <= F * max compute (default 0.1)')
   fit.add_argument('--target-compute', type=float, default=None,
                    help='also predict the metric at this many FLOPs')

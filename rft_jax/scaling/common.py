@@ -53,6 +53,18 @@ def as_series(compute: Any, values: Any, name: str = 'accuracy') -> tuple[np.nda
   return c[order], y[order]
 
 
+def points_note(n_fit: int, excluded: int, at_zero: int, exclude_first: float,
+                zero_role: str) -> str:
+  """'15 of 17 points (excluded: the base eval at C = 0 (<zero_role>); 1 with C <= 0.1 * max C,
+  the start of the run)': every eval point counted once, each exclusion said."""
+  parts = [f'{"the base eval" if at_zero == 1 else f"{at_zero} points"} at C = 0 ({zero_role})'
+           ] if at_zero else []
+  if excluded > at_zero:
+    parts.append(f'{excluded - at_zero} with C <= {exclude_first:g} * max C, the start of the run')
+  return f'{n_fit} of {n_fit + excluded} points' + (f' (excluded: {"; ".join(parts)})'
+                                                    if parts else '')
+
+
 def require_points(n: int, n_params: int, what: str) -> None:
   """At least n_params + 2 points: residual degrees of freedom left for the bootstrap."""
   need = n_params + 2

@@ -47,6 +47,8 @@ class PowerLawFit:
   prediction: float | None = None       # accuracy at target_compute
   prediction_interval: tuple[float, float] | None = None
   kind: str = 'power_law'
+  at_zero: int = 0            # of `excluded`: points at C = 0 (the base eval)
+  exclude_first: float = 0.0
 
   def predict(self, compute: Any) -> np.ndarray:
     """accuracy(C) = 1 - exp(E) * C^-k."""
@@ -65,7 +67,8 @@ class PowerLawFit:
             'k': j(self.k), 'E': j(self.E),
             'intervals': {k: ji(v) for k, v in self.intervals.items()},
             'level': self.level, 'n_points': int(self.compute.size),
-            'n_excluded': self.excluded, 'n_boot': int(self.boot.shape[0]), 'block': self.block,
+            'n_excluded': self.excluded, 'n_excluded_at_zero': self.at_zero,
+            'n_boot': int(self.boot.shape[0]), 'block': self.block,
             'compute_range': [j(self.compute[0]), j(self.compute[-1])],
             'residual_sd_log_loss': j(self.residual_sd),
             'target_compute': j(self.target_compute), 'prediction': j(self.prediction),
@@ -73,7 +76,9 @@ class PowerLawFit:
 
   def summary(self) -> str:
     iv = self.intervals
-    lines = [f'power-law fit on {self.compute.size} points ({self.excluded} excluded), '
+    points = common.points_note(self.compute.size, self.excluded, self.at_zero,
+                                self.exclude_first, 'log C is undefined there')
+    lines = [f'power-law fit on {points}, '
              f'residual sd {self.residual_sd:.3g} in ln(1 - acc)',
              f'  k = {self.k:.4g}  [{iv["k"][0]:.4g}, {iv["k"][1]:.4g}] ({self.level:.0%})',
              f'  E = {self.E:.4g}  [{iv["E"][0]:.4g}, {iv["E"][1]:.4g}]']
@@ -128,7 +133,8 @@ def fit_power_law(compute: Any, accuracy: Any, exclude_first: float = 0.0, *,
   fit = PowerLawFit(k=float(k), E=float(e), intervals=intervals, boot=boot, compute=cf,
                     values=af, excluded=int(c.size - cf.size),
                     residual_sd=math.sqrt(float(resid @ resid) / max(cf.size - 2, 1)),
-                    level=level, block=block)
+                    level=level, block=block, at_zero=int(np.sum(c == 0)),
+                    exclude_first=exclude_first)
   if target_compute is not None:
     if not target_compute > 0:
       raise common.ScalingFitError(f'target_compute must be > 0, got {target_compute}')

@@ -158,7 +158,7 @@ class SigmoidFit:
   boot_r0: np.ndarray         # [n_boot] replicate R0 (constant when R0 was given)
   compute: np.ndarray         # fitted points
   values: np.ndarray
-  excluded: int               # points left out as the start of the run (or at C = 0)
+  excluded: int               # points left out: at C = 0 (at_zero of them) or the start
   residual_sd: float
   A_identified: bool
   A_reason: str | None
@@ -169,6 +169,8 @@ class SigmoidFit:
   prediction: float | None = None
   prediction_interval: tuple[float, float] | None = None
   kind: str = 'sigmoid'
+  at_zero: int = 0            # of `excluded`: points at C = 0 (the base eval)
+  exclude_first: float = 0.0
 
   def predict(self, compute: Any) -> np.ndarray:
     return sigmoid_curve(compute, self.A, self.B, self.C_mid, self.R0)
@@ -195,7 +197,8 @@ class SigmoidFit:
                        for k, v in self.intervals.items()},
          'A_identified': self.A_identified, 'A_reason': self.A_reason,
          'level': self.level, 'n_points': int(self.compute.size),
-         'n_excluded': self.excluded, 'n_boot': int(self.boot.shape[0]), 'block': self.block,
+         'n_excluded': self.excluded, 'n_excluded_at_zero': self.at_zero,
+         'n_boot': int(self.boot.shape[0]), 'block': self.block,
          'boot_failed': int(np.sum(~np.all(np.isfinite(self.boot), axis=1))),
          'compute_range': [j(self.compute[0]), j(self.compute[-1])],
          'residual_sd': j(self.residual_sd), 'upper_bound_A': self.upper,
@@ -207,8 +210,9 @@ class SigmoidFit:
     """A few human-readable lines."""
     iv = self.intervals
     pct = f'{self.level:.0%}'
-    lines = [f'sigmoid fit on {self.compute.size} points ({self.excluded} excluded as the '
-             f'start), R0={self.R0:.4g}, residual sd {self.residual_sd:.3g}']
+    points = common.points_note(self.compute.size, self.excluded, self.at_zero,
+                                self.exclude_first, 'it sets R0')
+    lines = [f'sigmoid fit on {points}, R0={self.R0:.4g}, residual sd {self.residual_sd:.3g}']
     if self.A_identified:
       lines.append(f'  A     = {self.A:.4g}  [{iv["A"][0]:.4g}, {iv["A"][1]:.4g}] ({pct})')
     else:
@@ -311,7 +315,7 @@ def fit_sigmoid(compute: Any, reward: Any, exclude_first: float = 0.1, *,
                    excluded=int(c.size - cf.size),
                    residual_sd=sd,
                    A_identified=identified, A_reason=reason, level=level, block=block,
-                   upper=upper)
+                   upper=upper, at_zero=int(np.sum(c == 0)), exclude_first=exclude_first)
   if target_compute is not None:
     if not target_compute > 0:
       raise common.ScalingFitError(f'target_compute must be > 0, got {target_compute}')

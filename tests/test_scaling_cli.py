@@ -1,0 +1,78 @@
+"""tools.scaling fit's account of its input: every eval point counted once with each exclusion
+said, --exclude-first checked as a usage error, and FLOPs counted from a guessed recipe said."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from rft_jax import scaling
+from tools import scaling as cli
+
+
+def write_log(workdir, *, evals=16, every=5, total_steps=None, with_flops=True):
+  """A metrics.jsonl: the base eval at step 0, then `evals` evals on a noisy sigmoid."""
+  os.makedirs(workdir, exist_ok=True)
+  rng = np.random.default_rng(0)
+  steps = evals * every
+  lines = [{'step': 0, 'kind': 'start', 'total_steps': total_steps or steps,
+            'config': {'recipe': 'grpo_arith'}},
+           {'step': 0, 'kind': 'eval', 'eval/base_greedy_acc': 0.3}]
+  for step in range(1, steps + 1):
+    rec = {'step': step, 'kind': 'train', 'response/len_mean': 3.0}
+    if with_flops:
+      rec['compute/flops_cumulative'] = step * 1e14
+    lines.append(rec)
+    if step % every == 0:
+      acc = scaling.sigmoid_curve(step * 1e14, 0.8, 2.0, steps * 1e14 / 4, 0.3)
+      lines.append({'step': step, 'kind': 'eval',
+                    'eval/greedy_acc': float(acc + rng.normal(0, 0.01))})
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+    f.write(''.join(json.dumps(line) + '\n' for line in lines))
+
+
+def test_the_point_counts_agree_and_say_what_is_excluded(tmp_path, capsys):
+  """Was '16 eval points', then 'fit on 15 points (2 excluded as the start)': the base eval was
+  left out of the first count and called part of the run's start in the second."""
+  write_log(tmp_path / 'run')
+  assert cli.main(['fit', str(tmp_path / 'run'), '--n-boot', '20', '--model', 'both']) == 0
+  out = capsys.readouterr().out
+  assert (f'{tmp_path}/run: 17 eval points of eval/greedy_acc (the base eval at step 0 and 16 '
+          'after training), compute from logged') in out, out
+  assert ('sigmoid fit on 15 of 17 points (excluded: the base eval at C = 0 (it sets R0); 1 '
+          'with C <= 0.1 * max C, the start of the run)') in out, out
+  assert ('power-law fit on 15 of 17 points (excluded: the base eval at C = 0 (log C is '
+          'undefined there); 1 with C <= 0.1 * max C') in out, out
+  doc = json.loads((tmp_path / 'run' / 'scaling' / 'scaling_fit.json').read_text())
+  fit = doc['runs'][0]['sigmoid']
+  assert (fit['n_points'], fit['n_excluded'], fit['n_excluded_at_zero']) == (15, 2, 1)
+
+
+@pytest.mark.parametrize('value', ['1.5', '1', '-0.1', 'x', 'nan'])
+def test_exclude_first_outside_0_1_is_a_usage_error(tmp_path, capsys, value):
+  """It is a fraction of the run's compute; 1.5 was read, then refused run by run ('error:
+  exclude_first must be in [0, 1)' under each run, 'no run could be fitted')."""
+  write_log(tmp_path / 'run')
+  with pytest.raises(SystemExit) as e:
+    cli.main(['fit', str(tmp_path / 'run'), '--exclude-first', value])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and f"argument --exclude-first: {value!r} is not a fraction in [0, 1)" \
+      in err, err
+  assert not (tmp_path / 'run' / 'scaling').exists()
+
+
+def test_flops_from_the_recipe_named_in_the_log_are_said_to_be_a_guess(tmp_path, capsys):
+  """Without config.json the FLOPs come from the full recipe (150 steps of 32 prompts x 8),
+  though the run may have been its :tiny variant: was said only as 'overrides unknown'."""
+  write_log(tmp_path / 'run', with_flops=False, total_steps=4)
+  assert cli.main(['fit', str(tmp_path / 'run'), '--n-boot', '20']) == 0
+  err = capsys.readouterr().err
+  assert err.startswith(f'warning: {tmp_path}/run: no config.json beside the log, so FLOPs are '
+                        'counted from configs/grpo_arith.py, the full recipe named in the log, '
+                        'not any variant (e.g. :tiny)'), err
+  assert "the log's run had 4 steps, the recipe has 150" in err and '--config' in err
+  doc = json.loads((tmp_path / 'run' / 'scaling' / 'scaling_fit.json').read_text())
+  assert 'its variant and overrides are unknown' in doc['runs'][0]['compute_source']
+  assert cli.main(['fit', str(tmp_path / 'run'), '--n-boot', '20', '--config',
+                   'configs/grpo_arith.py:tiny']) == 0
+  assert 'warning' not in capsys.readouterr().err
