@@ -44,7 +44,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from rft_jax import config_schema
 from rft_jax.monitor import detectors, formats, knobs, monitor, signals
 from rft_jax.telemetry import plot, sinks
 
@@ -188,25 +187,6 @@ def run_monitor_section(run_dir: str) -> dict[str, Any]:
   return section if isinstance(section, dict) else {}
 
 
-def parse_set(items: Sequence[str]) -> dict[str, Any]:
-  """['cusum_h=4', 'persistence=2'] -> {'cusum_h': 4.0, 'persistence': 2}, each parsed as its
-  knob's type; ValueError('--set ...: ...') for an unknown knob or a value of another type."""
-  out = {}
-  for item in items:
-    name, sep, text = item.partition('=')
-    if name not in knobs.KNOBS or not sep:
-      hint = config_schema.did_you_mean(name, knobs.KNOBS) if sep else ''
-      raise ValueError(f'--set {item}: expected KNOB=VALUE with a monitor knob{hint}; knobs: '
-                       + ', '.join(knobs.KNOBS))
-    kind = knobs.KNOBS[name][0]
-    try:
-      out[name] = kind(text)
-    except ValueError:
-      raise ValueError(f'--set {item}: monitor.{name} takes '
-                       f'{"an int" if kind is int else "a float"} value') from None
-  return out
-
-
 def main(argv: Sequence[str] | None = None) -> int:
   args = _parse_args(argv)
   if args.warmup is not None and args.warmup < 2:   # the warm-up fit needs 2 (config.py)
@@ -229,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   run_dir = args.run if os.path.isdir(args.run) else os.path.dirname(os.path.abspath(args.run))
   section = run_monitor_section(run_dir)
   try:
-    flags = parse_set(args.set)
+    flags = knobs.parse_set(args.set)
   except ValueError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2

@@ -18,6 +18,7 @@ restores under any other knob values (a changed warmup resets it: checkpoint.RES
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, Callable
 
 # name -> (type, predicate, requirement). The ranges keep each knob meaningful: a value outside
@@ -99,6 +100,28 @@ def problem(monitor: Any) -> tuple[str, str] | None:
               f'must keep cusum_k < z_clip (cusum_k={k}, z_clip={z_clip}): else the CUSUM '
               'never grows')
   return None
+
+
+def parse_set(items: Sequence[str], flag: str = '--set') -> dict[str, Any]:
+  """A tool's `--set KNOB=VALUE` flags (tools.monitor_replay, monitor_false_alarms, faultbench):
+  ['cusum_h=4', 'persistence=2'] -> {'cusum_h': 4.0, 'persistence': 2}, each parsed as its
+  knob's type; ValueError('--set ...: ...') for an unknown knob or a value of another type.
+  Ranges are monitor_config's to check (with the run's other knobs)."""
+  from rft_jax.config_schema import did_you_mean  # pylint: disable=g-import-not-at-top
+  out = {}
+  for item in items:
+    name, sep, text = item.partition('=')
+    if name not in KNOBS or not sep:
+      hint = did_you_mean(name, KNOBS) if sep else ''
+      raise ValueError(f'{flag} {item}: expected KNOB=VALUE with a monitor knob{hint}; knobs: '
+                       + ', '.join(KNOBS))
+    kind = KNOBS[name][0]
+    try:
+      out[name] = kind(text)
+    except ValueError:
+      raise ValueError(f'{flag} {item}: monitor.{name} takes '
+                       f'{"an int" if kind is int else "a float"} value') from None
+  return out
 
 
 class KnobError(ValueError):
