@@ -18,7 +18,7 @@ from rft_jax.checkpoint import Checkpointer
 from rft_jax.monitor import knobs, monitor, signatures as sigs
 from rft_jax.monitor.detectors import MonitorConfig
 from rft_jax.telemetry import sinks
-from tools import monitor_replay
+from tools import monitor_false_alarms, monitor_replay
 
 # reward/mean steady at 0.5 (+-0.01) for 20 steps, then 0.03 lower (two of its scale units) for
 # 12: the default CUSUM threshold (cusum_h 8) does not call it (the adapting baseline holds
@@ -190,3 +190,20 @@ def test_replay_refuses_bad_knobs_in_one_line(tmp_path, capsys, section, argv, m
   code, out, err = _replay(capsys, run, *argv, '--out', str(tmp_path / 'out'))
   assert code == 2 and out == '' and err.startswith(message.format(run=run)), err
   assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--set', 'nosuch=1'], '--set nosuch=1: expected KNOB=VALUE with a monitor knob; knobs:'),
+    (['--set', 'cusum_h'], '--set cusum_h: expected KNOB=VALUE'),
+    (['--set', 'persistence=x'], '--set persistence=x: monitor.persistence takes an int value'),
+    (['--set', 'cusum_h=0'], 'monitor.cusum_h=0.0: must be > 0'),
+])
+def test_false_alarm_tool_refuses_bad_knobs_as_usage_errors(capsys, argv, message):
+  """An unknown field ended in an AttributeError traceback (and one without '=' in a
+  ValueError); now the knobs' parser and ranges, as tools.monitor_replay: exit 2, one line."""
+  with pytest.raises(SystemExit) as e:
+    monitor_false_alarms.main(['--traces', '1', '--steps', '81', *argv])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and 'Traceback' not in err, err
+  last = err.strip().splitlines()[-1]
+  assert last.startswith('python -m tools.monitor_false_alarms: error: ') and f': error: {message}' in last, err

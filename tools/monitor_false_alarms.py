@@ -19,12 +19,12 @@ All traces of a batch run as one monitor batch ([N] per signal) in one jitted la
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 
 import jax
 import numpy as np
 
+from rft_jax.monitor import knobs
 from rft_jax.monitor import signatures as sigs
 from rft_jax.monitor import synthetic
 from rft_jax.monitor.monitor import MonitorConfig, run_monitor
@@ -90,18 +90,20 @@ def detection(cfg: MonitorConfig, fault: str, n: int, steps: int, seed: int, win
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = argparse.ArgumentParser(prog='python -m tools.monitor_false_alarms',
+                                   description=__doc__.split('\n')[0])
   parser.add_argument('--traces', type=int, default=200)
   parser.add_argument('--steps', type=int, default=300)
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--window', type=int, default=10)
-  parser.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
-                      help='override a MonitorConfig field, e.g. --set cusum_h=6')
+  parser.add_argument('--set', action='append', default=[], metavar='KNOB=VALUE',
+                      help='a monitor knob as config.monitor.KNOB sets it (rft_jax/monitor/'
+                           'knobs.py), e.g. --set cusum_h=6')
   args = parser.parse_args(argv)
-  cfg = MonitorConfig()
-  for item in args.set:
-    key, value = item.split('=', 1)
-    cfg = dataclasses.replace(cfg, **{key: type(getattr(cfg, key))(value)})
+  try:   # the knobs' parser and ranges, as a run's config and tools.monitor_replay check them
+    cfg = knobs.monitor_config(None, **knobs.parse_set(args.set))
+  except ValueError as e:   # was a traceback (unknown field, no '=', a value of another type)
+    parser.error(str(e))
   min_steps = cfg.warmup + 71   # fault onsets are drawn from [warmup + 30, steps - 40)
   if args.steps < min_steps:
     parser.error(f'--steps={args.steps}: at least {min_steps} (faults start in [warmup + 30, '
