@@ -57,3 +57,40 @@ def test_a_folder_of_a_runs_name_that_is_not_a_run_is_refused_not_deleted(tmp_pa
   err = capsys.readouterr().err
   assert e.value.code == 2 and f'{victim} exists and is not a run directory' in err, err
   assert (victim / 'config.json').exists() and not (tmp_path / 'results.jsonl').exists()
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['--set', 'nosuch=1'], '--set nosuch=1: expected KNOB=VALUE with a monitor knob; knobs:'),
+    (['--set', 'persistence=2.5'], '--set persistence=2.5: monitor.persistence takes an int'),
+    (['--set', 'cusum_h=0'], 'monitor.cusum_h=0.0: must be > 0'),
+    (['--rescore', '--set', 'cusum_h=6'], '--set applies to new runs'),
+])
+def test_bad_monitor_knobs_are_usage_errors(tmp_path, capsys, argv, message):
+  """tools.monitor_replay's --set parser and the knobs' ranges (rft_jax/monitor/knobs.py)."""
+  with pytest.raises(SystemExit) as e:
+    faultbench.main(['--suite', 'ci', '--out', str(tmp_path / 'out'), *argv])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and message in err and 'Traceback' not in err, err
+  assert not (tmp_path / 'out').exists()
+
+
+def test_monitor_knobs_reach_every_run_the_record_and_the_report(tmp_path, monkeypatch, capsys):
+  """--set KNOB=VALUE: each run's config.monitor.<knob> (the benchmark had no way to run with
+  knobs other than the recipe's), kept in its results.jsonl record and the report's command."""
+  seen = []
+
+  def fake_run_all(specs, out, jobs, run_timeout_s):   # the configs the runs would train
+    assert all(s['monitor'] == {'cusum_h': 6.0, 'persistence': 3} for s in specs)   # recorded
+    seen.extend(faultbench.make_config(s).monitor for s in specs)
+    return [faultbench.record(s, out, {'final_greedy_acc': 0.9}, None, 1.0) for s in specs]
+  monkeypatch.setattr(faultbench, 'run_all', fake_run_all)
+  argv = ['--suite', 'ci', '--out', str(tmp_path), '--faults', 'healthy,mask_shift',
+          '--set', 'cusum_h=6', '--set', 'persistence=3']
+  assert faultbench.main(argv) == 0
+  capsys.readouterr()
+  assert len(seen) == 2 and all(m.cusum_h == 6.0 and m.persistence == 3 for m in seen)
+  report = (tmp_path / 'report.md').read_text()
+  assert ('Command: `python -m tools.faultbench --suite ci --out '
+          f'{tmp_path} --faults healthy,mask_shift --set cusum_h=6 --set persistence=3`') in report
+  [spec] = faultbench.plan('ci', [1], ['healthy'])
+  assert 'monitor' not in spec and 'cusum_h' not in faultbench.make_config(spec).monitor

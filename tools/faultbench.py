@@ -2,16 +2,18 @@
 
   python -m tools.faultbench --suite ci|full [--jobs N] [--out DIR] [--seeds 1,2]
                             [--faults healthy,adv_sign_flip,...] [--modes warn]
-                            [--run-timeout-s 1800]
+                            [--run-timeout-s 1800] [--set cusum_h=6 ...]
 
 Every run is the arithmetic GRPO recipe (configs/grpo_arith.py) shrunk to fit many runs on a
 CPU (BENCH_OVERRIDES), from the shipped base policy, with one fault of rft_jax/faults.py
 injected at an onset drawn uniformly from 30-60% of the run (per seed and fault type), or none
-(healthy), or a benign change that must not raise incidents. Runs execute in `--jobs` spawned
-processes, one run per process; a run past `--run-timeout-s` (default 1800) is killed, and it or
-one whose process dies is recorded with its error while the others go on. Then the runs are
-scored (tools/faultbench_score.py) and the
-out dir gets results.jsonl (one record per run), report.md, score.json and PNGs.
+(healthy), or a benign change that must not raise incidents. `--set KNOB=VALUE` (repeatable)
+sets a monitor knob (rft_jax/monitor/knobs.py, as config.monitor.KNOB) in every run: parsed and
+range-checked as tools.monitor_replay's, kept in each run's record and the report's command.
+Runs execute in `--jobs` spawned processes, one run per process; a run past `--run-timeout-s`
+(default 1800) is killed, and it or one whose process dies is recorded with its error while the
+others go on. Then the runs are scored (tools/faultbench_score.py) and the out dir gets
+results.jsonl (one record per run), report.md, score.json and PNGs.
 
 Suites:
   ci    lr_spike, mask_shift and reward_length, one benign change and a healthy run; one seed,
@@ -95,6 +97,8 @@ def make_config(spec: dict):
   config.update_from_flattened_dict({**BENCH_OVERRIDES, 'train.steps': spec['steps'],
                                      'train.eval_every': spec['steps'], 'seed': spec['seed']})
   config.monitor.mode = spec['mode']
+  for knob, value in spec.get('monitor', {}).items():   # --set: as config.monitor.<knob>
+    config.monitor[knob] = value
   if spec['fault'] not in ('healthy', 'resume'):
     config.faults = [{'type': spec['fault'], 'onset_step': spec['onset'],
                       'strength': faultlib.FAULTS[spec['fault']].strength}]
@@ -232,6 +236,14 @@ def _plan_from_args(ap: argparse.ArgumentParser, args) -> list[dict]:
     ap.error(f'--faults={args.faults!r} --modes={args.modes!r} leave no run of the '
              f'{args.suite} suite (ci: {", ".join(("healthy",) + CI_FAULTS + CI_BENIGN)}, '
              'warn mode only)')
+  from rft_jax.monitor import knobs  # pylint: disable=g-import-not-at-top
+  try:   # the parser and ranges of tools.monitor_replay --set, with the recipe's other knobs
+    overrides = knobs.parse_set(args.set)
+    knobs.monitor_config(make_config(specs[0]).monitor, **overrides)
+  except ValueError as e:
+    ap.error(str(e))
+  for s in specs if overrides else ():
+    s['monitor'] = dict(overrides)
   return specs
 
 
@@ -247,7 +259,13 @@ def main(argv=None) -> int:
   ap.add_argument('--rescore', action='store_true', help='score an existing results.jsonl')
   ap.add_argument('--run-timeout-s', type=float, default=1800.0,
                   help='wall limit per run: a run past it is killed and recorded as an error')
+  ap.add_argument('--set', action='append', default=[], metavar='KNOB=VALUE',
+                  help='a monitor knob for every run, as config.monitor.KNOB (rft_jax/monitor/'
+                       'knobs.py), e.g. --set cusum_h=6; repeatable')
   args = ap.parse_args(argv)
+  if args.rescore and args.set:
+    ap.error('--set applies to new runs; --rescore scores the runs of an earlier invocation '
+             '(their knobs are in results.jsonl)')
   out = args.out or os.path.join('runs', f'faultbench_{args.suite}')
   from tools import faultbench_report, faultbench_score  # pylint: disable=g-import-not-at-top
   if args.rescore:
