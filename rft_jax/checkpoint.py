@@ -42,10 +42,16 @@ import zlib
 from typing import Any
 
 import jax
-import orbax.checkpoint as ocp
 from etils import epath
 
 from rft_jax import checkpoint_errors
+
+def _ocp():
+  """orbax.checkpoint, imported at first use (~0.16 s of imports): a process that never saves
+  or restores (tools.bench's workload) does not pay for it."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  return ocp
+
 
 MANIFEST = 'rft_manifest.json'
 BEFORE_RESET = 'reference_before_reset'   # the item an undo of a reference reset puts back
@@ -124,6 +130,7 @@ class Checkpointer:
   """Verified checkpoints over ocp.CheckpointManager (items above); see the module doc."""
 
   def __init__(self, directory: str, keep: int = 2):
+    ocp = _ocp()
     self.directory = os.path.abspath(directory)
     self.keep = keep
     self.problems: list[str] = []   # checkpoints found broken at open (for the run's log)
@@ -214,6 +221,7 @@ class Checkpointer:
     Raises CheckpointSaveError (earlier checkpoints untouched) when the disk is too full or the
     write fails.
     """
+    ocp = _ocp()
     items = {'state': state, 'reference': reference, BEFORE_RESET: reference_before_reset}
     need = int(_DISK_MARGIN * self._needed_bytes(items))
     free = shutil.disk_usage(self.directory).free
@@ -262,6 +270,7 @@ class Checkpointer:
               like_reference: Any = None, reference_shardings: Any = None):
     """Restores (state, data_state, meta, reference or None) into the structure/shardings of
     `like_state` (and `like_reference`, for a checkpoint that holds a reset reference)."""
+    ocp = _ocp()
     with self._quiet.restore():   # a failed read is raised once, without orbax's tracebacks
       meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
       has_reference = meta['meta'].get('has_reference', False) and like_reference is not None
@@ -278,6 +287,7 @@ class Checkpointer:
                                      shardings: Any = None) -> Any:
     """Checkpoint `step`'s reference_before_reset item into the structure (and shardings) of
     like_params; the caller knows from the checkpoint's meta that it holds one."""
+    ocp = _ocp()
     target = ocp.args.StandardRestore(_abstract(like_params, shardings))
     with self._quiet.restore():
       out = self._manager.restore(step, args=ocp.args.Composite(**{BEFORE_RESET: target}))
@@ -292,6 +302,7 @@ class Checkpointer:
     way. Both are reported in `problems`; params, optimizer state and step always come back
     exactly, or the restore fails.
     """
+    ocp = _ocp()
     if not dataclasses.is_dataclass(like_state):
       args = ocp.args.StandardRestore(_abstract(like_state, shardings))
       return self._manager.restore(step, args=ocp.args.Composite(state=args))['state']
@@ -361,6 +372,7 @@ def check_params_out(path: str) -> None:
 def save_params(path: str, params: Any) -> None:
   """Writes a params pytree to a standalone orbax directory, replacing an earlier one there
   (check_params_out: never another directory)."""
+  ocp = _ocp()
   check_params_out(path)
   with ocp.StandardCheckpointer() as ckptr:
     ckptr.save(os.path.abspath(path), params, force=True)
@@ -376,7 +388,7 @@ def check_params(path: str, like_params: Any) -> None:
     raise FileNotFoundError(f'no parameter checkpoint at {path}')
   if not os.path.isfile(os.path.join(path, '_CHECKPOINT_METADATA')):
     raise ValueError(f'{path} is not a parameter checkpoint (no orbax _CHECKPOINT_METADATA)')
-  with ocp.StandardCheckpointer() as ckptr:
+  with _ocp().StandardCheckpointer() as ckptr:
     saved = ckptr.metadata(path).item_metadata
   shapes = lambda tree: {'/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in p):
                          tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
@@ -390,6 +402,7 @@ def check_params(path: str, like_params: Any) -> None:
 def load_params(path: str, like_params: Any, shardings: Any = None) -> Any:
   """Reads params saved by save_params into the structure (and shardings) of like_params
   (check_params first)."""
+  ocp = _ocp()
   check_params(path, like_params)
   with ocp.StandardCheckpointer() as ckptr:
     return ckptr.restore(os.path.abspath(path), _abstract(like_params, shardings))

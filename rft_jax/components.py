@@ -1,6 +1,9 @@
 """Builds what every recipe needs from its config: mesh, tokenizer, model, params, data, eval.
 
 Shared by the RL trainer and the SFT trainer so both load models and data the same way.
+The data modules (tensorflow_datasets, grain) and rft_jax.checkpoint are imported where a task
+is loaded or init_from read: a process that only builds the model (tools.bench, tools.checkpoint
+export) does not import them.
 """
 import contextlib
 import dataclasses
@@ -11,8 +14,7 @@ import jax
 from flax import nnx
 from safetensors import SafetensorError
 
-from rft_jax import checkpoint, config_rules
-from rft_jax.data import arith, gsm8k, pipeline
+from rft_jax import config_rules
 from rft_jax.models import functional as lm
 from rft_jax.models import hf_checkpoint
 from rft_jax.models.llama import ModelConfig
@@ -162,9 +164,11 @@ def check_setup(config) -> None:
   tokenizer = _load_tokenizer(config)
   _check_vocab(tokenizer, model_cfg)   # before init_from's shapes, as build: the cause first
   if config.init_from:
+    from rft_jax import checkpoint  # pylint: disable=g-import-not-at-top
     with _init_from_errors(config):
       checkpoint.check_params(config.init_from, _like(lm.abstract_params(model_cfg)[1]))
   if config.task.name == 'gsm8k':
+    from rft_jax.data import gsm8k  # pylint: disable=g-import-not-at-top
     skip = config.task.get('bad_records', 'error') == 'skip'
     try:
       test = gsm8k.read_split(config.task.manual_dir, 'test')
@@ -198,6 +202,7 @@ def build(config, data: bool = True) -> Components:
   graphdef, abstract_state = lm.abstract_params(model_cfg)
   shardings = meshlib.param_shardings(abstract_state, mesh)
   if config.init_from:
+    from rft_jax import checkpoint  # pylint: disable=g-import-not-at-top
     with _init_from_errors(config):
       params = checkpoint.load_params(config.init_from, _like(abstract_state), shardings)
   elif config.model.get('path', ''):
@@ -325,6 +330,8 @@ def load_task(config, tokenizer, skipped: list[str] | None = None):
   questions through the tokenizer's chat template (pipeline.PromptFormat); with
   task.bad_records='skip' its malformed train lines are left out, their reasons appended to
   `skipped`."""
+  # pylint: disable-next=g-import-not-at-top
+  from rft_jax.data import arith, gsm8k, pipeline
   task = config.task
   if task.name == 'arith':
     try:
@@ -360,6 +367,7 @@ def _readable(splits, task):
       if len(source):
         source[0], source[len(source) - 1]   # pylint: disable=pointless-statement
   except Exception as e:  # pylint: disable=broad-exception-caught  (any reader error: say so)
+    from rft_jax.data import arith  # pylint: disable=g-import-not-at-top
     root = arith.resolve_data_dir(task.data_dir)
     raise SetupError(f'config.task.data_dir={task.data_dir!r}: the prepared {task.name} dataset '
                      f'in {root} cannot be read ({_reason(e)}); delete {root}/{task.name} to '
@@ -375,6 +383,7 @@ def _reason(e: BaseException) -> str:
 
 def eval_batch(c: Components, config) -> dict:
   """The fixed held-out prompts (first eval.num_prompts of the test split)."""
+  from rft_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   if config_rules.eval_size_error(config, len(c.test_source)):   # as --validate_only says
     raise SetupError(str(config_rules.eval_size_error(config, len(c.test_source))))
   try:

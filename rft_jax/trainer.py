@@ -25,7 +25,6 @@ from rft_jax import config as config_lib
 from rft_jax.algorithms import kl_control, ppo
 from rft_jax.algorithms import step_fns as step_fns_lib
 from rft_jax.algorithms import train_state as ts
-from rft_jax.data import pipeline
 from rft_jax.models import functional as lm
 from rft_jax.monitor import credit
 from rft_jax.monitor import monitor as monlib
@@ -100,6 +99,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
 
 
 def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: float) -> dict:
+  from rft_jax.data import pipeline  # pylint: disable=g-import-not-at-top  (grain)
   os.makedirs(workdir, exist_ok=True)
   mode, mcfg, watch_steps, lr_factor = monitor_settings(config)
   algo = ppo.algo_config(config, use_reference=mode == 'auto')   # GRPOConfig or PPOConfig

@@ -3,6 +3,8 @@ import dataclasses
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -48,6 +50,18 @@ def test_verifier_and_prompts_are_deterministic():
   assert min(lens) >= 18 and max(lens) <= 26 and len(a[0]['ids']) == 16
   assert bench_workload.first_even('t10 t3', '') == 1.0
   assert bench_workload.first_even('t11', '') == bench_workload.first_even('', '') == 0.0
+
+
+def test_the_first_step_child_imports_no_data_or_checkpoint_library():
+  """The time-to-first-step child (tools.bench_grpo: components, runs, trainer) has no data set
+  and saves nothing: tensorflow_datasets, grain and orbax (~0.45 s of its imports) are imported
+  where a task is loaded or a checkpoint read or written, not with those modules."""
+  code = ('import sys, tools.bench_grpo\n'
+          'print(sorted(m for m in ("tensorflow_datasets", "grain", "orbax.checkpoint") '
+          'if m in sys.modules))')
+  done = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True,
+                        env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, timeout=300, check=True)
+  assert done.stdout.strip().splitlines()[-1] == '[]'
 
 
 @pytest.mark.slow

@@ -35,7 +35,6 @@ from typing import Any, Mapping, Sequence
 import grain
 import numpy as np
 
-from rft_jax.data import arith
 from rft_jax.tokenizer import Tokenizer
 
 # Tokenisation is cheap: a couple of threads and a short prefetch suffice.
@@ -302,6 +301,7 @@ def sft_batches(source: Sequence[Any], tokenizer: Tokenizer, *,
   ds = _records(source, seed=seed, shuffle=True, num_epochs=num_epochs,
                 rows=batch_size, shard_index=shard_index, shard_count=shard_count)
   if teacher_error_rate > 0:
+    from rft_jax.data import arith  # pylint: disable=g-import-not-at-top  (tfds: SFT only)
     ds = ds.map(functools.partial(arith.flawed_teacher, rate=teacher_error_rate))
   ds = ds.map(functools.partial(encode_sft, tokenizer=tokenizer,
                                   max_prompt_len=max_prompt_len,
