@@ -30,7 +30,7 @@ import time
 import jax
 import numpy as np
 
-from rft_jax import components, evaluation, rollouts, runs, trainer
+from rft_jax import components, evaluation, rollouts, run_memory, runs, trainer
 from rft_jax.algorithms import dpo
 from rft_jax.algorithms import train_state as ts
 from rft_jax.data import arith_pairs, pipeline
@@ -161,7 +161,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
     raise components.SetupError(f'config.{key}={per_step} is not divisible by data*fsdp='
                                 f'{meshlib.batch_divisor(c.mesh)} times dpo.microbatches='
                                 f'{dcfg.microbatches}')
-  memory_est = components.check_memory(c, config)   # one line before an accelerator OOM
+  memory_est = run_memory.check_memory(c, config)   # one line before an accelerator OOM
   tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
   # each process reads its rows of every batch; GlobalBatches gathers the global batch
   share = components.process_share(per_step, 'rollout.prompts_per_step' if online

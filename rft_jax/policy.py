@@ -186,10 +186,10 @@ def _check_ranges(fn: str, values: dict) -> None:
 
 def _recipe_batches(config) -> tuple[list[tuple[int, int, str]], dict]:
   """The recipe's batch as its trainer sizes it: ([(rows, multiple, key)], memory.estimate
-  arguments, components.memory_sizes); data*fsdp*multiple must divide each rows
+  arguments, run_memory.memory_sizes); data*fsdp*multiple must divide each rows
   (rft_jax/trainer.py, sft.py, dpo_trainer.py)."""
-  from rft_jax import components, config as config_lib  # pylint: disable=g-import-not-at-top
-  sizes = components.memory_sizes(config)
+  from rft_jax import config as config_lib, run_memory  # pylint: disable=g-import-not-at-top
+  sizes = run_memory.memory_sizes(config)
   if config_lib.is_sft(config):
     return [(config.sft.batch_size, 1, 'sft.batch_size')], sizes
   if config_lib.is_dpo(config):

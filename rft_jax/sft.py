@@ -10,7 +10,7 @@ import time
 import jax
 import numpy as np
 
-from rft_jax import components, evaluation, runs
+from rft_jax import components, evaluation, run_memory, runs
 from rft_jax.algorithms import sft as sft_step
 from rft_jax.algorithms import train_state as ts
 from rft_jax.data import pipeline
@@ -26,7 +26,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
   if config.sft.batch_size % meshlib.batch_divisor(c.mesh):
     raise components.SetupError(f'config.sft.batch_size={config.sft.batch_size} is not divisible '
                                 f'by data*fsdp={meshlib.batch_divisor(c.mesh)}')
-  memory_est = components.check_memory(c, config)   # one line before an accelerator OOM
+  memory_est = run_memory.check_memory(c, config)   # one line before an accelerator OOM
   tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
   data_it = hostdata.GlobalBatches(pipeline.sft_batches(   # each process reads its rows only
       c.train_source, c.tokenizer, max_prompt_len=config.task.max_prompt_len,

@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rft_jax import (compile_cache, components, evaluation, faults, incidents, rollouts, runs)
+from rft_jax import (compile_cache, components, evaluation, faults, incidents, rollouts,
+                     run_memory, runs)
 from rft_jax import config as config_lib
 from rft_jax.algorithms import kl_control, ppo
 from rft_jax.algorithms import step_fns as step_fns_lib
@@ -113,7 +114,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
     raise components.SetupError(
         f'config.algo.score_chunks={algo.score_chunks}: data*fsdp={meshlib.batch_divisor(c.mesh)}'
         f' times it must divide prompts_per_step*group_size={rollout_rows}')
-  memory_est = components.check_memory(c, config, algo)   # one line before an accelerator OOM
+  memory_est = run_memory.check_memory(c, config, algo)   # one line before an accelerator OOM
   tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
   critic_opt = ppo.critic_optimizer(config, algo)   # {} unless PPO
   # The reference is the build's initial weights themselves, not a copy (nothing donates them):

@@ -10,7 +10,7 @@ import types
 import ml_collections
 import pytest
 
-from rft_jax import components
+from rft_jax import components, run_memory
 from rft_jax.models.llama import ModelConfig
 from rft_jax.parallel import memory
 
@@ -110,16 +110,16 @@ def test_sampling_copy_of_the_weights_without_fsdp():
   assert memory.estimate(CFG, (2, 2, 2), rows=16, seq_len=11).sampling_weights == 0
 
 
-def test_components_check_memory_from_recipe(monkeypatch):
+def test_check_memory_from_recipe(monkeypatch):
   config = ml_collections.ConfigDict(dict(
       rollout=dict(prompts_per_step=4, group_size=4, max_new_tokens=5),
       task=dict(max_prompt_len=6)))
   c = types.SimpleNamespace(model_cfg=CFG, mesh=(2, 2, 2))
   algo = types.SimpleNamespace(microbatches=2, use_reference=True)
-  assert components.check_memory(c, config, algo).peak == 613728
+  assert run_memory.check_memory(c, config, algo).peak == 613728
   monkeypatch.setattr(memory, 'device_memory_bytes', lambda device=None: 600_000)
   with pytest.raises(components.SetupError, match='estimated 0.00 GiB per device'):
-    components.check_memory(c, config, algo)
+    run_memory.check_memory(c, config, algo)
 
 
 
@@ -129,17 +129,17 @@ def test_sft_and_dpo_are_sized_from_their_recipes():
   from configs import dpo_arith, online_dpo_arith, sft_arith  # pylint: disable=g-import-not-at-top
   sft, dpo, online = (m.get_config('tiny') for m in (sft_arith, dpo_arith, online_dpo_arith))
   prompt = sft.task.max_prompt_len
-  assert components.memory_sizes(sft) == dict(
+  assert run_memory.memory_sizes(sft) == dict(
       rows=sft.sft.batch_size, seq_len=prompt + sft.sft.answer_len, microbatches=1,
       sample_rows=0)
-  assert components.memory_sizes(dpo) == dict(
+  assert run_memory.memory_sizes(dpo) == dict(
       rows=2 * dpo.dpo.batch_size, seq_len=dpo.task.max_prompt_len + dpo.dpo.answer_len,
       microbatches=dpo.dpo.microbatches, sample_rows=0)
-  sizes = components.memory_sizes(online)
+  sizes = run_memory.memory_sizes(online)
   assert sizes['rows'] == 2 * online.rollout.prompts_per_step
   assert sizes['sample_rows'] == online.rollout.prompts_per_step * online.rollout.group_size
   c = types.SimpleNamespace(model_cfg=CFG, mesh=(1, 1, 1))
-  est = components.check_memory(c, dpo)
+  est = run_memory.check_memory(c, dpo)
   assert est.initial == est.params and est.kv_cache == 0   # the reference: counted once
   assert est.activations == memory.activation_bytes(CFG, (1, 1, 1), 2 * dpo.dpo.batch_size,
                                                     dpo.task.max_prompt_len + dpo.dpo.answer_len,
@@ -167,7 +167,7 @@ def test_the_initial_weights_are_counted_once_for_every_recipe(recipe, overrides
     algo = ppo.algo_config(config, use_reference=config.monitor.mode == 'auto')
     assert algo.use_reference == flops.uses_reference(config) == bool(config.algo.kl_coef)
   c = types.SimpleNamespace(model_cfg=model_cfg, mesh=(1, 1, 1))
-  est = components.check_memory(c, config, algo)
+  est = run_memory.check_memory(c, config, algo)
   assert est.persistent == 4 * p == 12638208
   assert (est.params, est.initial, est.optimizer) == (p, p, 2 * p)
   assert 'initial 0.00' in est.describe()
@@ -185,7 +185,7 @@ def test_auto_remediation_counts_the_reset_references():
     model_cfg = components.model_config(config)
     c = types.SimpleNamespace(model_cfg=model_cfg, mesh=(1, 1, 1))
     algo = ppo.algo_config(config, use_reference=mode == 'auto')
-    est[mode] = components.check_memory(c, config, algo)
+    est[mode] = run_memory.check_memory(c, config, algo)
     assert memory.estimate_run(config, model_cfg, (1, 1, 1),
                                microbatches=algo.microbatches) == est[mode]
   assert (est['warn'].reset_references, est['auto'].reset_references) == (0, 2 * p)
@@ -213,7 +213,7 @@ def test_the_initial_weights_stay_alive_beside_the_train_state():
   state = runs.init_state(c.params, tx, runs.state_shardings(c, tx))
   gc.collect()
   grown = live() - before
-  est = components.check_memory(c, config)
+  est = run_memory.check_memory(c, config)
   for kept, trained in zip(jax.tree.leaves(c.params), jax.tree.leaves(state.params)):
     assert not kept.is_deleted()
     assert kept.unsafe_buffer_pointer() != trained.unsafe_buffer_pointer()
@@ -248,7 +248,7 @@ def test_sft_and_dpo_refusal_names_their_own_keys(recipe, keys, monkeypatch):
   c = types.SimpleNamespace(model_cfg=CFG, mesh=(1, 1, 1))
   monkeypatch.setattr(memory, 'device_memory_bytes', lambda device=None: 100_000)
   with pytest.raises(components.SetupError) as e:
-    components.check_memory(c, config)
+    run_memory.check_memory(c, config)
   assert str(e.value).endswith(keys) and 'algo' not in str(e.value)
 
 
@@ -295,7 +295,7 @@ def test_ppo_recipe_counts_its_critic(monkeypatch):
   for mode in ('shared', 'separate'):
     config.algo.critic = mode
     algo = ppo.algo_config(config, use_reference=True)
-    peak[mode] = components.check_memory(c, config, algo).peak
+    peak[mode] = run_memory.check_memory(c, config, algo).peak
     assert memory.estimate_run(config, c.model_cfg, (1, 1, 1)).peak == peak[mode]
   assert peak['separate'] - peak['shared'] == 4 * 3159552 + 5462016
   config.algo.critic, config.algo.advantage = 'none', 'grpo'   # the GRPO recipe, no critic
@@ -304,7 +304,7 @@ def test_ppo_recipe_counts_its_critic(monkeypatch):
   # A device whose 90% holds the shared critic's run but not the separate one's refuses it.
   monkeypatch.setattr(memory, 'device_memory_bytes', lambda device=None: int(peak['shared'] / .9))
   with pytest.raises(components.SetupError, match=r'critic 0\.01, .*critic_step 0\.01'):
-    components.check_memory(c, config, algo)   # algo: the separate critic's PPOConfig
+    run_memory.check_memory(c, config, algo)   # algo: the separate critic's PPOConfig
 
 
 def test_choose_mesh_counts_a_separate_critic():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rft_jax import checkpoint, components, trainer
+from rft_jax import checkpoint, components, run_memory, trainer
 from rft_jax import incidents as incidents_lib
 from rft_jax.algorithms import ppo
 from rft_jax.models import functional as lm
@@ -197,7 +197,7 @@ def test_a_run_resumed_between_a_second_reset_and_its_undo_puts_back_the_first(t
     assert any(p.startswith('reference_before_reset/') for p in json.load(f)['files'])
   # The memory estimate's persistent part is what the run holds at most: params, AdamW's mu and
   # nu, the initial policy, and from step 5 to the undo both reset references (6 params' worth).
-  est = components.check_memory(types.SimpleNamespace(
+  est = run_memory.check_memory(types.SimpleNamespace(
       model_cfg=components.model_config(config(10)), mesh=(1, 1, 1)), config(10),
       ppo.algo_config(config(10), use_reference=True))
   assert est.persistent == 6 * est.params == 6 * copies.nbytes
