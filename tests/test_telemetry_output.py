@@ -295,3 +295,29 @@ print('the run went on', file=sys.stderr)
   assert proc.wait(timeout=120) == 0, err[-2000:]
   assert err.splitlines() == ['warning: the console output is closed (broken pipe); the run goes '
                               'on without it', 'the run went on']
+
+
+def test_a_closed_pipe_for_stdout_and_stderr_both_does_not_end_the_run(tmp_path):
+  """`python -m rft_jax.main ... 2>&1 | head` (or `|& tee` that died): stderr is the same closed
+  pipe, so the warning line itself raised BrokenPipeError out of the console sink and the run
+  ended (exit 1) at the first step line after the reader went away. Both outputs now go quiet."""
+  done = tmp_path / 'done'
+  code = f"""
+import sys, time
+from rft_jax.telemetry import sinks
+sink = sinks.ConsoleSink()
+sink.on_start(0, 400, {{'recipe': 'x'}})
+for step in range(1, 401):
+  time.sleep(0.005)
+  sink.on_step(step, {{'reward/mean': 1.0}})
+  sink.on_message('m' * 200)
+  if step % 50 == 0:
+    print('a warning on stderr', file=sys.stderr, flush=True)
+sink.on_end({{'steps': 400}})
+open({str(done)!r}, 'w').write('the run went on')
+"""
+  proc = subprocess.Popen([sys.executable, '-c', code], cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=REPO))
+  proc.stdout.close()   # the one reader of both goes away
+  assert proc.wait(timeout=120) == 0
+  assert done.read_text() == 'the run went on'

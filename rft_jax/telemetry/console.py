@@ -28,18 +28,30 @@ class RunConsole(Console):
   """A rich Console that outlives a closed stdout (`... | head`, a `tee` that died): rich's
   default ends the process (SystemExit(1), and nothing said) at the first line printed after
   the reader went away, which stopped a run between checkpoints. Here the console goes quiet
-  with one line on stderr and the run goes on (its records still go to metrics.jsonl)."""
+  with one line on stderr and the run goes on (its records still go to metrics.jsonl). When
+  stderr went with it (`2>&1 | head`), that line cannot be written either: stderr goes quiet
+  too, so that neither this line nor a later warning ends the run."""
 
   def on_broken_pipe(self) -> None:
     self.quiet = True
-    try:   # later writes and the exit's flush go nowhere instead of failing
-      devnull = os.open(os.devnull, os.O_WRONLY)
-      os.dup2(devnull, self.file.fileno())
+    _to_devnull(self.file)   # later writes and the exit's flush go nowhere instead of failing
+    try:
+      print('warning: the console output is closed (broken pipe); the run goes on without it',
+            file=sys.stderr, flush=True)
+    except OSError:   # the same closed pipe
+      _to_devnull(sys.stderr)
+
+
+def _to_devnull(file) -> None:
+  """Points `file`'s descriptor at os.devnull (nothing for a file without one)."""
+  try:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+      os.dup2(devnull, file.fileno())
+    finally:
       os.close(devnull)
-    except (OSError, ValueError, AttributeError):   # a file with no descriptor
-      pass
-    print('warning: the console output is closed (broken pipe); the run goes on without it',
-          file=sys.stderr, flush=True)
+  except (OSError, ValueError, AttributeError):   # a file with no descriptor
+    pass
 
 
 def format_value(value: Any) -> str:
