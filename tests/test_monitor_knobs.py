@@ -184,6 +184,10 @@ def test_replay_uses_the_runs_knobs_and_its_flags_override_them(tmp_path, capsys
      "error: --set cusum_hh=4: expected KNOB=VALUE with a monitor knob (did you mean 'cusum_h'?)"
      '; knobs: warmup, cusum_k, cusum_h,'),
     ({'warmup': 10}, ['--set', 'cusum_h'], 'error: --set cusum_h: expected KNOB=VALUE'),
+    # the flag broke the pair, not config.json's cusum_k: it was blamed on config.json
+    ({'warmup': 10, 'cusum_k': 1.0}, ['--set', 'z_clip=0.8'],
+     'error: monitor.z_clip=0.8: must keep cusum_k < z_clip (cusum_k=1.0, z_clip=0.8): else the '
+     'CUSUM never grows (from --set/--warmup)\n'),
 ])
 def test_replay_refuses_bad_knobs_in_one_line(tmp_path, capsys, section, argv, message):
   run = _write_run(tmp_path / 'run', section)

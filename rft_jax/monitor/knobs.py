@@ -79,9 +79,10 @@ def _type_ok(value: Any, want: type) -> bool:
   return isinstance(value, (int, float) if want is float else int)
 
 
-def problem(monitor: Any) -> tuple[str, str] | None:
+def problem(monitor: Any, blame: Sequence[str] = ()) -> tuple[str, str] | None:
   """(knob, what is wrong) for the first bad knob that `monitor` (a ConfigDict or a dict: the
-  run's config.monitor) sets, or None; keys that are not knobs are left to the schema."""
+  run's config.monitor) sets, or None; keys that are not knobs are left to the schema. A pair
+  that does not fit (cusum_k, z_clip) is blamed on the one in `blame` (a tool's flags)."""
   for name, (want, ok, requirement) in KNOBS.items():
     if name not in monitor:
       continue
@@ -96,7 +97,8 @@ def problem(monitor: Any) -> tuple[str, str] | None:
     z_clip = monitor['z_clip'] if 'z_clip' in monitor else _default('z_clip')
     k = monitor['cusum_k'] if 'cusum_k' in monitor else _default('cusum_k')
     if z_clip <= k:   # a clipped step never adds to the CUSUM: no drift would be detected
-      return ('cusum_k' if 'cusum_k' in monitor else 'z_clip',
+      pair = [name for name in ('cusum_k', 'z_clip') if name in blame]
+      return (pair[0] if pair else 'cusum_k' if 'cusum_k' in monitor else 'z_clip',
               f'must keep cusum_k < z_clip (cusum_k={k}, z_clip={z_clip}): else the CUSUM '
               'never grows')
   return None
@@ -153,7 +155,7 @@ def monitor_config(monitor: Any = None, **overrides: Any):
     raise KnobError(unknown[0], f'monitor.{unknown[0]}: not a monitor knob; knobs: '
                     + ', '.join(KNOBS))
   values.update(overrides)
-  bad = problem(values)
+  bad = problem(values, blame=tuple(overrides))
   if bad:
     raise KnobError(bad[0], f'monitor.{bad[0]}={values[bad[0]]!r}: {bad[1]}')
   return MonitorConfig(**{name: KNOBS[name][0](value) for name, value in values.items()})
