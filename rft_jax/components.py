@@ -116,19 +116,12 @@ def _init_from_errors(config):
                      + hint) from None
 
 
-def _distributed_env() -> bool:
-  """Whether the variables of rft_jax/parallel/distributed.py ask for several processes: the
-  devices of the other hosts are then not known before jax.distributed starts."""
-  return bool(os.environ.get('JAX_COORDINATOR_ADDRESS')) or os.environ.get(
-      'RFT_DISTRIBUTED', '') in ('1', 'true')
-
-
 def check_mesh(config, model_cfg: ModelConfig) -> None:
   """config.mesh against this machine's devices (data*fsdp*tensor at most jax.device_count(),
   a -1 resolved to the rest) and against the model (meshlib.check_model_fits_mesh), as build
   does first, placing nothing. With the multi-process variables set, the device count is not
   known before jax.distributed starts: only the fixed axes are checked against the model."""
-  if _distributed_env():
+  if distributed.requested():
     shape = [max(int(config.mesh[a]), 1) for a in meshlib.MESH_AXES]   # -1: not known here
     note = ''
   else:

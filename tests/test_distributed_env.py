@@ -42,3 +42,27 @@ def test_main_exits_2_when_no_cluster_is_found(tmp_path):
   assert result.stderr.startswith("error: RFT_DISTRIBUTED='1': jax.distributed cannot start"), (
       result.stderr[-2000:])
   assert 'Traceback' not in result.stderr
+
+
+@pytest.mark.parametrize('env, want', [
+    ({}, False), ({'RFT_DISTRIBUTED': '0'}, False), ({'RFT_DISTRIBUTED': '1'}, True),
+    ({'RFT_DISTRIBUTED': 'true'}, True), ({'JAX_COORDINATOR_ADDRESS': 'h:1'}, True),
+    ({'JAX_NUM_PROCESSES': '2'}, False)])
+def test_one_rule_says_whether_a_run_is_multi_process(env, want, monkeypatch):
+  """distributed.requested: initialize_from_env starts jax.distributed exactly when it says so,
+  and --validate_only's mesh check (components.check_mesh) leaves the device count open then."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from rft_jax import api, components  # pylint: disable=g-import-not-at-top
+  assert distributed.requested(env) is want
+  if not want:
+    assert distributed.initialize_from_env(env) is False
+  for name in ('JAX_COORDINATOR_ADDRESS', 'RFT_DISTRIBUTED'):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in env.items():
+    monkeypatch.setenv(name, value)
+  config = api.load_config('grpo_arith:tiny', {'mesh.data': 2 * jax.device_count()})
+  if want:   # the other hosts' devices are not known here
+    components.check_mesh(config, components.model_config(config))
+  else:
+    with pytest.raises(components.SetupError, match='devices'):
+      components.check_mesh(config, components.model_config(config))

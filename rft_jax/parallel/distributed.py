@@ -33,13 +33,21 @@ def _int_var(env, name: str, lowest: int) -> int | None:
   return value
 
 
+def requested(environ=None) -> bool:
+  """Whether the variables above ask for jax.distributed (several processes): the devices of the
+  other hosts are then not known before it starts."""
+  env = os.environ if environ is None else environ
+  return bool(env.get('JAX_COORDINATOR_ADDRESS')) or env.get('RFT_DISTRIBUTED', '') in (
+      '1', 'true')
+
+
 def initialize_from_env(environ=None) -> bool:
   """Calls jax.distributed.initialize per the variables above; returns whether it did.
   DistributedEnvError for a variable that is not a number, a process id not below the number
   of processes, or RFT_DISTRIBUTED=1 where JAX finds no cluster to read them from."""
   env = os.environ if environ is None else environ
   address = env.get('JAX_COORDINATOR_ADDRESS')
-  if not address and env.get('RFT_DISTRIBUTED', '') not in ('1', 'true'):
+  if not requested(env):
     return False
   kwargs = {}
   if address:
