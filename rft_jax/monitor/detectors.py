@@ -27,8 +27,8 @@ with n = valid observations before y_t:
   zc        = clip(z, -z_clip, z_clip)                           (one outlier adds <= z_clip)
   cusum_pos = clip(cusum_pos + zc - k, 0, cap),  cusum_neg = clip(cusum_neg - zc - k, 0, cap)
               cap = cusum_cap * h bounds how long an alarm outlives the shift that caused it
-  *_start   = the step after the CUSUM was last <= onset_reset (= cusum_k: within one step's
-              allowance of 0), the onset estimate
+  *_start   = the step after the CUSUM was last <= onset_reset (0.5, cusum_k's default: within
+              one step's allowance of 0; a knob of its own), the onset estimate
   persist_up / persist_down = consecutive steps with z > z_thresh / z < -z_thresh
   ewma      = (1-a) ewma + a y_t;   slope = (1-a) slope + a (y_t - y_last) / scale  (reporting)
 Scores (dimensionless, >= 0; 1.0 is the decision threshold):

@@ -16,7 +16,7 @@ then every signature k (signatures.SIGNATURES, K of them) evaluates
   active_k   = holds_k or (active_k(prev) and strength_k >= release and gates hold)
   fired_k    = active_k and not active_k(prev)
   onset_k    = earliest start among its conditions (CUSUM excursion start: the step after the
-               CUSUM was last within cusum_k of 0; or the first violating step of an invariant
+               CUSUM was last within onset_reset of 0; or the first violating step of an invariant
                streak), latched when it fires.
 While k is active, the signals it uses adapt only slowly (detectors.py: freeze).
 """
