@@ -214,9 +214,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       c.graphdef, c.model_cfg, c.tokenizer, components.eval_batch(c, config),
       max_new_tokens=completion_len, k=config.eval.k, temperature=config.eval.temperature,
       seed=config.seed)
-  if 'base_eval' not in meta:
-    meta['base_eval'] = evaluator(c.params)
-    hooks.on_eval(0, {k.replace('eval/', 'eval/base_'): v for k, v in meta['base_eval'].items()})
+  runs.ensure_base_eval(meta, evaluator, c.params, hooks)   # logged at step 0
   wall_before = meta.get('wall_s', 0.0)
   stop = runs.StopRequest()   # SIGTERM / SIGINT: finish this step, checkpoint, exit 75
   try:

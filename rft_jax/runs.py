@@ -301,6 +301,14 @@ def finish_complete_run(config, workdir, opened) -> dict:
   return finish_run(config, workdir, summary, hooks, ckpt, plot=False)
 
 
+def ensure_base_eval(meta: dict, evaluate, params, hooks) -> None:
+  """meta['base_eval'], the starting policy's eval, logged at step 0 as eval/base_* (every loop:
+  RL, DPO, SFT); a resumed run has it from its checkpoint's metadata."""
+  if 'base_eval' not in meta:
+    meta['base_eval'] = evaluate(params)
+    hooks.on_eval(0, {k.replace('eval/', 'eval/base_'): v for k, v in meta['base_eval'].items()})
+
+
 def ensure_final_eval(meta: dict, evaluate, params, hooks, total: int) -> None:
   """meta['final_eval'] for a run resumed with train.steps at its checkpoint's step, where the
   loop ran no step (and so no last-step eval): evaluated now."""

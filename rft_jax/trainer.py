@@ -215,9 +215,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
       sample_shardings=meshlib.sampling_shardings(   # None: sample in the training layout
           shardings.params, config.rollout.get('weights_layout', 'train')))
 
-  if 'base_eval' not in meta:
-    meta['base_eval'] = evaluator(c.params)
-    hooks.on_eval(0, {k.replace('eval/', 'eval/base_'): v for k, v in meta['base_eval'].items()})
+  runs.ensure_base_eval(meta, evaluator, c.params, hooks)   # logged at step 0
   wall_before = meta.get('wall_s', 0.0)   # wall seconds of earlier invocations of this run
   step = start
   # Steps in a row with skipped updates (saved with each checkpoint, carried on by a rewind).
