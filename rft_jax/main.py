@@ -59,6 +59,9 @@ def main(argv: Sequence[str]) -> int:
     return USAGE_ERROR
 
   if validate_only:   # the files too: model.path's config.json, the tokenizer, GSM8K's data
+    # The device count (config.mesh) starts JAX's backend, allocating nothing: on a GPU that a
+    # run already trains on, JAX's default 75% preallocation would fail or take its memory.
+    os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
     from rft_jax import components  # pylint: disable=g-import-not-at-top
     try:
       components.check_setup(config)

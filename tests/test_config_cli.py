@@ -334,3 +334,15 @@ def test_validate_only_leaves_the_device_count_to_a_multi_process_run(monkeypatc
                       '--config.mesh.tensor=3'])
   err = capsys.readouterr().err.strip()
   assert rc == 2 and err.startswith('error: config.mesh.tensor=3 does not divide model '), err
+
+
+def test_validate_only_starts_jax_without_preallocating_accelerator_memory():
+  # --validate_only counts the devices (config.mesh), which starts JAX's backend: on a GPU a
+  # run already trains on, JAX's default preallocation (75% of the memory) would fail or take it.
+  code = ("import os; from rft_jax import main; "
+          "rc = main.main(['main', '--config', 'configs/grpo_arith.py:tiny', '--validate_only']); "
+          "print(rc, os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE'))")
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_PYTHON_CLIENT_PREALLOCATE'}
+  result = subprocess.run([sys.executable, '-c', code], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+  assert result.stdout.split()[-2:] == ['0', 'false'], result.stdout + result.stderr
