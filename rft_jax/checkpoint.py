@@ -38,13 +38,14 @@ import json
 import os
 import shutil
 import time
-import zlib
 from typing import Any
 
 import jax
 from etils import epath
 
 from rft_jax import checkpoint_errors
+from rft_jax.checkpoint_manifest import MANIFEST, file_digests, verify
+
 
 def _ocp():
   """orbax.checkpoint, imported at first use (~0.16 s of imports): a process that never saves
@@ -53,7 +54,6 @@ def _ocp():
   return ocp
 
 
-MANIFEST = 'rft_manifest.json'
 BEFORE_RESET = 'reference_before_reset'   # the item an undo of a reference reset puts back
 # TrainState fields that may be started afresh when a checkpoint's copy no longer fits (the
 # failure monitor's running statistics: it re-learns them in its warm-up).
@@ -71,47 +71,6 @@ def _abstract(tree, shardings=None):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       tree, shardings)
-
-
-def file_crc32(path: str) -> int:
-  """CRC-32 of a file's contents, read in 4 MiB chunks."""
-  crc = 0
-  with open(path, 'rb') as f:
-    while chunk := f.read(1 << 22):
-      crc = zlib.crc32(chunk, crc)
-  return crc
-
-
-def file_digests(step_dir: str) -> dict[str, list[int]]:
-  """{relative path: [size, crc32]} of every file under step_dir except the manifest."""
-  out = {}
-  for root, _, files in os.walk(step_dir):
-    for name in files:
-      path = os.path.join(root, name)
-      rel = os.path.relpath(path, step_dir)
-      if rel not in (MANIFEST, MANIFEST + '.tmp'):
-        out[rel] = [os.path.getsize(path), file_crc32(path)]
-  return out
-
-
-def verify(step_dir: str) -> str | None:
-  """None if step_dir matches its manifest, else what is wrong (one line)."""
-  try:
-    with open(os.path.join(step_dir, MANIFEST)) as f:
-      expected = json.load(f)['files']
-  except FileNotFoundError:
-    return 'no manifest'
-  except (ValueError, KeyError) as e:
-    return f'unreadable manifest ({e})'
-  for rel, (size, crc) in sorted(expected.items()):
-    path = os.path.join(step_dir, rel)
-    if not os.path.exists(path):
-      return f'missing file {rel}'
-    if os.path.getsize(path) != size:
-      return f'{rel} has {os.path.getsize(path)} bytes, expected {size}'
-    if file_crc32(path) != crc:
-      return f'{rel} fails its checksum'
-  return None
 
 
 def tree_nbytes(tree) -> int:

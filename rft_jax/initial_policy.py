@@ -28,7 +28,7 @@ import os
 import jax
 
 from rft_jax import components
-from rft_jax.checkpoint import file_crc32
+from rft_jax.checkpoint_manifest import file_crc32
 from rft_jax.models import hf_checkpoint
 
 RECORD = 'initial_policy.json'
