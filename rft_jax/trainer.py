@@ -209,7 +209,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   rollout_stage = rollouts.RolloutStage(
       config, algo, data_it, c.tokenizer, runner, sampler,
       check=lambda r, s, t: check_rewards(r, config.rewards.get('max_invalid_frac', 1.0), s, t,
-                                          runs.kept_note(ckpt, workdir)),
+                                          lambda: runs.kept_note(ckpt, workdir)),
       on_message=hooks.on_message, skipped=skipped, injector=injector, hard_it=hard_it,
       place_prompts=lambda x: hostdata.place(x, prompt_sh),
       sample_shardings=meshlib.sampling_shardings(   # None: sample in the training layout
@@ -377,9 +377,9 @@ def step_compute(config, model_cfg, metrics: dict, meta: dict) -> dict:
   return {'compute/flops_step': step, 'compute/flops_cumulative': meta['flops']}
 
 
-def check_rewards(rewards, max_invalid_frac: float, step: int, texts, kept: str) -> None:
+def check_rewards(rewards, max_invalid_frac: float, step: int, texts, kept) -> None:
   """Stops the run (before any update from this batch) when too many samples went unscored;
-  kept: runs.kept_note, the checkpoint the run keeps."""
+  kept() -> runs.kept_note, the checkpoint the run keeps (asked only then: it lists the disk)."""
   invalid = 1.0 - float(np.mean(rewards.valid)) if len(texts) else 0.0
   if invalid <= max_invalid_frac:
     return
@@ -390,4 +390,4 @@ def check_rewards(rewards, max_invalid_frac: float, step: int, texts, kept: str)
   raise TrainingError(
       f'reward failure at step {step}: {invalid:.0%} of samples unscored '
       f'(> config.rewards.max_invalid_frac={max_invalid_frac}); verifier {name!r}: {detail}; '
-      f'{kept}')
+      f'{kept()}')
