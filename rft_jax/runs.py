@@ -50,12 +50,12 @@ def check_finite(metrics: dict, step: int, ckpt: Checkpointer, workdir: str,
   from before the step (the failure monitor's nonfinite_params incident)."""
   bad = ' and '.join(k for k in ('loss', 'grad_norm')
                      if k in metrics and not np.isfinite(metrics[k]))
-  kept = kept_note(ckpt, workdir)
   if 'param_norm' in metrics and not np.isfinite(metrics['param_norm']):
     raise TrainingError(f'the parameters are no longer finite after step {step} (param_norm '
-                        f'{metrics["param_norm"]}, grad_norm {metrics.get("grad_norm")}); {kept}')
+                        f'{metrics["param_norm"]}, grad_norm {metrics.get("grad_norm")}); '
+                        f'{kept_note(ckpt, workdir)}')   # listed only now: it reads the disk
   if bad and stop_on_loss:
-    raise TrainingError(f'non-finite {bad} at step {step}; {kept}')
+    raise TrainingError(f'non-finite {bad} at step {step}; {kept_note(ckpt, workdir)}')
   return bad
 
 
