@@ -35,7 +35,7 @@ from rft_jax import config as config_lib
 from rft_jax import jsonfile
 from rft_jax.config import ConfigError
 from rft_jax.policy import Policy, choose_mesh, evaluate, load_policy, sample  # noqa: F401
-from rft_jax.telemetry.hooks import Hook
+from rft_jax.telemetry.hooks import Recorder  # noqa: F401  (api.Recorder)
 from rft_jax.telemetry.records import final_trajectory
 
 # Also attributes, loaded on use (they import JAX): SetupError, TrainingError, Preempted.
@@ -209,36 +209,6 @@ def run_config(config: ml_collections.ConfigDict, workdir: str, hooks=()) -> dic
     from rft_jax import trainer
     run = trainer.run
   return run(config, workdir, hooks_extra=tuple(hooks)) if hooks else run(config, workdir)
-
-
-class Recorder(Hook):
-  """A telemetry hook keeping every event in memory, as metrics.jsonl records
-  ({'step', 'kind', ...}); Run uses it where config.telemetry.jsonl is off."""
-
-  def __init__(self):
-    self.records: list[dict[str, Any]] = []
-    self._step = 0
-
-  def on_start(self, step, total_steps, config_summary):
-    self._step = step
-    self.records.append({'step': step, 'kind': 'start', 'total_steps': total_steps,
-                         'config': dict(config_summary)})
-
-  def on_step(self, step, metrics):
-    self._step = step
-    self.records.append({'step': step, 'kind': 'train', **metrics})
-
-  def on_eval(self, step, results):
-    self.records.append({'step': step, 'kind': 'eval', **results})
-
-  def on_message(self, text):
-    self.records.append({'step': self._step, 'kind': 'message', 'text': str(text)})
-
-  def on_incident(self, step, incident):
-    self.records.append({**incident, 'step': step, 'kind': incident.get('kind', 'incident')})
-
-  def on_end(self, summary):
-    self.records.append({'step': self._step, 'kind': 'end', **summary})
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,

@@ -133,3 +133,33 @@ class HookList(Hook):
           first_error = e
     if first_error is not None:
       raise first_error
+
+
+class Recorder(Hook):
+  """A telemetry hook keeping every event in memory, as metrics.jsonl records
+  ({'step', 'kind', ...}); api.Run uses it where config.telemetry.jsonl is off."""
+
+  def __init__(self):
+    self.records: list[dict[str, Any]] = []
+    self._step = 0
+
+  def on_start(self, step, total_steps, config_summary):
+    self._step = step
+    self.records.append({'step': step, 'kind': 'start', 'total_steps': total_steps,
+                         'config': dict(config_summary)})
+
+  def on_step(self, step, metrics):
+    self._step = step
+    self.records.append({'step': step, 'kind': 'train', **metrics})
+
+  def on_eval(self, step, results):
+    self.records.append({'step': step, 'kind': 'eval', **results})
+
+  def on_message(self, text):
+    self.records.append({'step': self._step, 'kind': 'message', 'text': str(text)})
+
+  def on_incident(self, step, incident):
+    self.records.append({**incident, 'step': step, 'kind': incident.get('kind', 'incident')})
+
+  def on_end(self, summary):
+    self.records.append({'step': self._step, 'kind': 'end', **summary})
