@@ -14,7 +14,8 @@ The same code as the command line (`python -m rft_jax.main`, which is a thin lay
 Errors are the CLI's, as exceptions with one-line messages: a bad recipe file `RecipeError`, a
 bad key, type or value `rft_jax.config.ConfigError` ('config.rollout.group_size=1: GRPO needs at
 least 2 completions per prompt'), a run that cannot start `SetupError` (mesh, files), a run that
-had to stop `TrainingError`, a stop on SIGINT/SIGTERM (a notebook's interrupt) `Preempted`;
+had to stop `TrainingError`, a stop on SIGINT/SIGTERM (a notebook's interrupt) `Preempted`,
+the wrong object (train(run), sample(run)) `TypeError` saying what to pass (run.policy);
 train() again with the same workdir resumes. Importing this module does not import JAX.
 """
 from __future__ import annotations
@@ -34,7 +35,8 @@ import ml_collections
 from rft_jax import config as config_lib
 from rft_jax import jsonfile
 from rft_jax.config import ConfigError
-from rft_jax.policy import Policy, choose_mesh, evaluate, load_policy, sample  # noqa: F401
+from rft_jax.policy import (  # noqa: F401
+    Policy, check_arg, choose_mesh, evaluate, load_policy, sample)
 from rft_jax.telemetry.hooks import Recorder  # noqa: F401  (api.Recorder)
 from rft_jax.telemetry.records import final_trajectory
 
@@ -220,6 +222,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
   progress: the console display (a progress bar in a terminal, or in Jupyter/Colab where
   ipywidgets is installed; plain lines otherwise); False = quiet.
   """
+  check_arg('train', config, 'config')
   config = copy.deepcopy(config)
   config_lib.validate(config)
   if not progress:

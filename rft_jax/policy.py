@@ -45,10 +45,28 @@ class Policy:
             f'params={self.model_cfg.num_params():,})')
 
 
+def check_arg(fn: str, value, want: str) -> None:
+  """TypeError (one line) for an API call given the wrong kind of object, saying what to pass:
+  sample(run) -> 'pass run.policy', train('grpo_arith') -> "pass api.load_config('grpo_arith')".
+  want: 'config' (an ml_collections.ConfigDict) or 'policy' (a Policy)."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  cls = ml_collections.ConfigDict if want == 'config' else Policy
+  if isinstance(value, cls):
+    return
+  got = type(value).__name__
+  if want == 'policy':
+    hint = 'run.policy' if got == 'Run' else 'run.policy or api.load_policy(config)'
+  else:
+    hint = {'Run': 'run.config', 'Policy': 'policy.config',
+            'str': f'api.load_config({value!r})'}.get(got, 'api.load_config(recipe, overrides)')
+  raise TypeError(f'{fn}: expected a {cls.__name__}, got {got}; pass {hint}')
+
+
 def load_policy(config, workdir: str | None = None, step: int | None = None) -> Policy:
   """The recipe's starting policy, or with `workdir` the params of that run's checkpoint `step`
   (default: the latest verified one). Raises SetupError (bad files or mesh) or
   FileNotFoundError (no checkpoint), one line each."""
+  check_arg('load_policy', config, 'config')
   from rft_jax import components  # pylint: disable=g-import-not-at-top
   c = components.build(config)
   if workdir is None:
@@ -113,6 +131,7 @@ def sample(policy: Policy, prompts: Sequence[str], *, n: int = 1, temperature: f
   through the chat template and instruction as in training. temperature 0 = greedy.
   max_new_tokens: default the recipe's completion length. Same seed, same completions.
   """
+  check_arg('sample', policy, 'policy')
   if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts):
     raise TypeError(f'sample: prompts must be a list of strings, got {type(prompts).__name__}'
                     + (" (wrap one prompt in a list: ['12+7='])" if isinstance(prompts, str)
@@ -158,6 +177,7 @@ def evaluate(policy: Policy, *, num_prompts: int | None = None, k: int | None = 
   Defaults come from config.eval (the first num_prompts test prompts, K samples each at
   temperature); with them the numbers equal the run's own eval of the same params.
   """
+  check_arg('evaluate', policy, 'policy')
   from rft_jax import components, evaluation  # pylint: disable=g-import-not-at-top
   _check_ranges('evaluate', {'eval.num_prompts': num_prompts, 'eval.k': k,
                              'eval.temperature': temperature})
@@ -213,6 +233,7 @@ def choose_mesh(config, num_devices: int | None = None,
   (RL: the rollout batch; SFT: sft.batch_size; DPO: the pairs per step). device_bytes: default
   the device's own (None on CPU, where every candidate fits). Raises SetupError (one line) when
   none fits."""
+  check_arg('choose_mesh', config, 'config')
   import jax  # pylint: disable=g-import-not-at-top
   from rft_jax import components  # pylint: disable=g-import-not-at-top
   from rft_jax.parallel import memory  # pylint: disable=g-import-not-at-top

@@ -112,6 +112,29 @@ def test_an_unknown_recipe_variant_is_a_one_line_error_and_every_listed_one_load
       module.get_config('tinyy')
 
 
+def test_the_wrong_object_is_a_one_line_type_error_saying_what_to_pass():
+  """A recipe name, a Run or a config where the call wants a config or a policy (was an
+  AttributeError from deep inside, e.g. "'Run' object has no attribute 'components'")."""
+  config = api.load_config('grpo_arith:tiny')
+  run = api.Run(config=config, workdir='/nowhere', summary={}, records=[])
+  calls = [
+      (lambda: api.train('grpo_arith:tiny'),
+       "train: expected a ConfigDict, got str; pass api.load_config('grpo_arith:tiny')"),
+      (lambda: api.train(run), 'train: expected a ConfigDict, got Run; pass run.config'),
+      (lambda: api.load_policy(run),
+       'load_policy: expected a ConfigDict, got Run; pass run.config'),
+      (lambda: api.choose_mesh(None), 'choose_mesh: expected a ConfigDict, got NoneType; pass '
+                                      'api.load_config(recipe, overrides)'),
+      (lambda: api.sample(run, ['12+7=']), 'sample: expected a Policy, got Run; pass run.policy'),
+      (lambda: api.evaluate(config), 'evaluate: expected a Policy, got ConfigDict; pass '
+                                     'run.policy or api.load_policy(config)'),
+  ]
+  for call, message in calls:
+    with pytest.raises(TypeError) as e:
+      call()
+    assert str(e.value) == message
+
+
 def test_importing_the_api_does_not_import_jax():
   code = ('import sys\nfrom rft_jax import api\nimported = "jax" in sys.modules\ntry:\n'
           '  api.load_config("grpo_arith:tiny", {"rollout.group_size": 1})\n'
