@@ -228,6 +228,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
   if not progress:
     config.telemetry.console = False
   workdir = os.path.expanduser(workdir or tempfile.mkdtemp(prefix=f'rft_jax-{config.name}-'))
+  problem = workdir_problem(workdir)
+  if problem:   # a file, a directory that cannot be made or written (was a raw OSError)
+    from rft_jax import components  # pylint: disable=g-import-not-at-top
+    raise components.SetupError(f'train: workdir={workdir!r}: {problem}')
   from rft_jax import compile_cache  # pylint: disable=g-import-not-at-top
   compile_cache.enable()   # as the CLI: the next train() in this kernel, or a new one, loads
   recorder = Recorder()
@@ -237,6 +241,24 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
   if config.telemetry.jsonl and os.path.exists(path):
     records = _read_records(path)   # the whole run, earlier invocations (resumes) included
   return Run(config=config, workdir=workdir, summary=dict(summary), records=records)
+
+
+def workdir_problem(workdir: str) -> str | None:
+  """Why a run could not write to `workdir` (created if missing), or None; train() and the
+  CLI check it before anything heavy is loaded."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    return 'exists and is not a directory'
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    return f'cannot create it ({e.strerror or e})'
+  if not os.access(workdir, os.W_OK | os.X_OK):
+    return 'not writable'
+  for name in ('checkpoints', 'tb'):   # directories the run writes into
+    inside = os.path.join(workdir, name)
+    if os.path.exists(inside) and not os.path.isdir(inside):
+      return f'{inside} exists and is not a directory'
+  return None
 
 
 def open_run(workdir: str, config: ml_collections.ConfigDict | None = None) -> Run:

@@ -70,7 +70,7 @@ def main(argv: Sequence[str]) -> int:
       return USAGE_ERROR
     print('config OK')
     return 0
-  problem = _workdir_problem(workdir)
+  problem = api.workdir_problem(workdir)
   if problem:   # before anything heavy is loaded
     print(f'error: --workdir={workdir}: {problem}', file=sys.stderr)
     return USAGE_ERROR
@@ -218,23 +218,6 @@ def _with_config_argument(argv: list[str], spec: str) -> list[str]:
   """argv with the value of --config replaced by spec."""
   i, prefix = _config_position(argv)
   return argv[:i] + [prefix + spec] + argv[i + 1:]
-
-
-def _workdir_problem(workdir: str) -> str | None:
-  """Why the run could not write to `workdir` (created if missing), or None."""
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    return 'exists and is not a directory'
-  try:
-    os.makedirs(workdir, exist_ok=True)
-  except OSError as e:
-    return f'cannot create it ({e.strerror or e})'
-  if not os.access(workdir, os.W_OK | os.X_OK):
-    return 'not writable'
-  for name in ('checkpoints', 'tb'):   # directories the run writes into
-    inside = os.path.join(workdir, name)
-    if os.path.exists(inside) and not os.path.isdir(inside):
-      return f'{inside} exists and is not a directory'
-  return None
 
 
 def _load_config_file(spec: str, origin: str) -> ml_collections.ConfigDict:

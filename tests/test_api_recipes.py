@@ -135,6 +135,22 @@ def test_the_wrong_object_is_a_one_line_type_error_saying_what_to_pass():
     assert str(e.value) == message
 
 
+def test_a_workdir_the_run_cannot_write_is_a_one_line_setup_error(tmp_path):
+  """As the CLI's --workdir check (was a raw FileExistsError / NotADirectoryError)."""
+  config = api.load_config('grpo_arith:tiny')
+  a_file = tmp_path / 'notes.txt'
+  a_file.write_text('')
+  (tmp_path / 'run').mkdir()
+  (tmp_path / 'run' / 'checkpoints').write_text('')
+  for workdir, problem in ((a_file, 'exists and is not a directory'),
+                           (a_file / 'run', 'cannot create it (Not a directory)'),
+                           (tmp_path / 'run', f'{tmp_path}/run/checkpoints exists and is not '
+                                              'a directory')):
+    with pytest.raises(api.SetupError) as e:
+      api.train(config, str(workdir), progress=False)
+    assert str(e.value) == f'train: workdir={str(workdir)!r}: {problem}'
+
+
 def test_importing_the_api_does_not_import_jax():
   code = ('import sys\nfrom rft_jax import api\nimported = "jax" in sys.modules\ntry:\n'
           '  api.load_config("grpo_arith:tiny", {"rollout.group_size": 1})\n'
