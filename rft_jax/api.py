@@ -146,6 +146,7 @@ def apply_overrides(config: ml_collections.ConfigDict,
   optional key the recipe leaves out (config_schema.OPTIONAL_KEYS) is added, as on the CLI.
   """
   for key, value in overrides.items():
+    value = config_lib.plain_value(value)   # np.int64(3) -> 3
     section, _, name = key.rpartition('.')
     if key in config_lib.OPTIONAL_KEYS and section in config and name not in config[section]:
       with config.unlocked():   # an optional key the recipe leaves out, set as the CLI sets it
@@ -244,8 +245,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
 
 
 def workdir_problem(workdir: str) -> str | None:
-  """Why a run could not write to `workdir` (created if missing), or None; train() and the
-  CLI check it before anything heavy is loaded."""
+  """Why a run could not write to `workdir` (created if missing), or None (train, the CLI)."""
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     return 'exists and is not a directory'
   try:

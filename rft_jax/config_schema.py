@@ -3,6 +3,7 @@ the closed sets of names some keys take; plus ConfigError, the one-line error ev
 and the small lookup helpers the checks share. rft_jax/config.py runs the checks.
 """
 import difflib
+from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
@@ -198,6 +199,14 @@ def optional_value(key: str, value: Any) -> Any:
   section, _, name = key.rpartition('.')
   wants_float = SCHEMA[section][name] is float
   return float(value) if wants_float and type(value) is int else value   # not bool
+
+
+def plain_value(value: Any) -> Any:
+  """An override's value with NumPy (or JAX) scalars as the Python numbers they hold, in a
+  dict's values too: np.int64(3) -> 3, which an int key takes; anything else as it is."""
+  if isinstance(value, Mapping):
+    return {k: plain_value(v) for k, v in value.items()}
+  return value.item() if getattr(value, 'shape', None) == () else value
 
 
 def key_hint(parts, present) -> str:

@@ -22,3 +22,18 @@ def test_optional_key_of_wrong_type_or_section_is_a_config_error():
     api.load_config('grpo_arith:tiny', {'algo.tis_cap': 'x'})
   with pytest.raises(api.ConfigError, match=r'^config\.dpo\.rpo_alpha: unknown key'):
     api.load_config('grpo_arith:tiny', {'dpo.rpo_alpha': 1.0})   # no dpo section
+
+
+def test_numpy_scalars_are_the_numbers_they_hold():
+  """A value a notebook computed with NumPy (np.int64 from np.arange, np.float32) is accepted
+  as the int, float or bool it holds, stored as a plain Python one (config.json is JSON); it
+  was 'expected int, got int64'. A NumPy array is still refused, naming the key."""
+  np = pytest.importorskip('numpy')
+  config = api.load_config('grpo_arith:tiny', {
+      'train.steps': np.int64(3), 'optim.lr': np.float32(0.5), 'algo.tis_cap': np.float32(2),
+      'algo.shared_prompt': np.bool_(False), 'rewards.weights': {'correct': np.float32(1)}})
+  for got, want in ((config.train.steps, 3), (config.optim.lr, 0.5), (config.algo.tis_cap, 2.0),
+                    (config.algo.shared_prompt, False), (config.rewards.weights.correct, 1.0)):
+    assert got == want and type(got) is type(want)
+  with pytest.raises(api.ConfigError, match=r'^config\.train\.steps=array\(\[3\]\): expected int'):
+    api.load_config('grpo_arith:tiny', {'train.steps': np.array([3])})
