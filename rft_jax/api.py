@@ -233,10 +233,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
   if problem:   # a file, a directory that cannot be made or written (was a raw OSError)
     from rft_jax import components  # pylint: disable=g-import-not-at-top
     raise components.SetupError(f'train: workdir={workdir!r}: {problem}')
-  from rft_jax import compile_cache  # pylint: disable=g-import-not-at-top
+  from rft_jax import compile_cache, runs  # pylint: disable=g-import-not-at-top
   compile_cache.enable()   # as the CLI: the next train() in this kernel, or a new one, loads
   recorder = Recorder()
-  summary = run_config(config, workdir, hooks=[recorder])
+  try:
+    summary = run_config(config, workdir, hooks=[recorder])
+  except runs.Preempted as e:   # not 'the same command' when that made a new temporary workdir
+    raise runs.Preempted(f'{e}; in Python: api.train(config, {workdir!r}) resumes it') from None
   records = recorder.records
   path = os.path.join(workdir, 'metrics.jsonl')
   if config.telemetry.jsonl and os.path.exists(path):

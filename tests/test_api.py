@@ -3,6 +3,7 @@ Recipes, overrides and the README's examples are tested in tests/test_api_recipe
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -173,6 +174,31 @@ def test_train_leaves_the_config_alone(trained):
   config, before, run = trained
   assert config.to_dict() == before
   assert config.telemetry.console and not run.config.telemetry.console   # progress=False
+
+
+def test_an_interrupt_in_a_notebook_says_how_to_resume_there(monkeypatch):
+  """Ctrl-C in a notebook (SIGINT at step 1) of a run in a new temporary workdir: Preempted
+  names the api.train call that resumes it ('run the same command again' alone would start a
+  fresh workdir); the signal handlers are the notebook's again, and that call resumes."""
+  config = tiny(**{'train.steps': 2, 'train.eval_every': 2})
+  handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+  record = api.Recorder.on_step
+
+  def interrupt(self, step, metrics):
+    record(self, step, metrics)
+    os.kill(os.getpid(), signal.SIGINT)
+
+  monkeypatch.setattr(api.Recorder, 'on_step', interrupt)
+  with pytest.raises(api.Preempted) as e:
+    api.train(config, progress=False)
+  assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+  resume = re.fullmatch(r"SIGINT after step 1; .*; in Python: api\.train\(config, '(.*)'\) "
+                        r'resumes it', str(e.value))
+  assert resume, str(e.value)
+  monkeypatch.undo()
+  run = api.train(config, resume.group(1), progress=False)
+  assert [r['step'] for r in run.history] == [1, 2]
+  assert 'resumed from checkpoint at step 1' in run.messages
 
 
 # --- The policy ------------------------------------------------------------------------------
