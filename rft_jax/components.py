@@ -14,6 +14,7 @@ import jax
 from flax import nnx
 from safetensors import SafetensorError
 
+from rft_jax import config as config_lib
 from rft_jax import config_rules
 from rft_jax.models import functional as lm
 from rft_jax.models import hf_checkpoint
@@ -118,9 +119,10 @@ def _init_from_errors(config):
 
 def check_mesh(config, model_cfg: ModelConfig) -> None:
   """config.mesh against this machine's devices (data*fsdp*tensor at most jax.device_count(),
-  a -1 resolved to the rest) and against the model (meshlib.check_model_fits_mesh), as build
-  does first, placing nothing. With the multi-process variables set, the device count is not
-  known before jax.distributed starts: only the fixed axes are checked against the model."""
+  a -1 resolved to the rest), against the model (meshlib.check_model_fits_mesh), as build
+  does first, and against the batches (check_batch_splits), as the trainers do; placing
+  nothing. With the multi-process variables set, the device count is not known before
+  jax.distributed starts: only the fixed axes are checked."""
   if distributed.requested():
     shape = [max(int(config.mesh[a]), 1) for a in meshlib.MESH_AXES]   # -1: not known here
     note = ''
@@ -135,6 +137,41 @@ def check_mesh(config, model_cfg: ModelConfig) -> None:
     meshlib.check_model_fits_mesh(model_cfg, shape)
   except meshlib.MeshError as e:
     raise SetupError(str(e) + note) from None
+  check_batch_splits(config, shape, note)
+
+
+def batch_splits(config) -> list[tuple[str, int, tuple[tuple[str, int], ...]]]:
+  """The batches config's trainer splits by rows over the mesh, as [(key, rows, factors)]:
+  data*fsdp times every factor's n divides rows. factors: ((key, n), ...), the equal parts a
+  batch is cut into. RL: prompts_per_step*group_size rows in algo.microbatches (times PPO's
+  algo.minibatches), and in algo.score_chunks when set; SFT: sft.batch_size; DPO: the pairs per
+  step (dpo.batch_size, online rollout.prompts_per_step) in dpo.microbatches."""
+  if config_lib.is_sft(config):
+    return [('sft.batch_size', config.sft.batch_size, ())]
+  if config_lib.is_dpo(config):
+    online = config.dpo.mode == 'online'
+    key = 'rollout.prompts_per_step' if online else 'dpo.batch_size'
+    pairs = config.rollout.prompts_per_step if online else config.dpo.batch_size
+    return [(key, pairs, (('dpo.microbatches', int(config.dpo.microbatches)),))]
+  algo, key = config.algo, 'rollout.prompts_per_step*group_size'
+  rows = config.rollout.prompts_per_step * config.rollout.group_size
+  factors = (('algo.microbatches', int(algo.get('microbatches', 1))),)
+  if 'minibatches' in algo:   # PPO
+    factors += (('algo.minibatches', int(algo.minibatches)),)
+  splits = [(key, rows, factors)]
+  if algo.get('score_chunks', 0):
+    splits.append((key, rows, (('algo.score_chunks', int(algo.score_chunks)),)))
+  return splits
+
+
+def check_batch_splits(config, mesh, note: str = '') -> None:
+  """SetupError (one line naming the keys) unless mesh (a Mesh or (data, fsdp, tensor)) splits
+  every batch of batch_splits(config) evenly. note: resolved_note's words for a -1 axis."""
+  for key, rows, factors in batch_splits(config):
+    try:
+      meshlib.check_batch_fits_mesh(rows, mesh, f'config.{key}', factors)
+    except meshlib.MeshError as e:
+      raise SetupError(str(e) + note) from None
 
 
 def check_setup(config) -> None:

@@ -155,12 +155,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
   dcfg = dpo.DPOConfig.from_config(config)
   online = config.dpo.mode == 'online'
   per_step = config.rollout.prompts_per_step if online else config.dpo.batch_size
-  divisor = meshlib.batch_divisor(c.mesh) * dcfg.microbatches
-  if per_step % divisor:
-    key = 'rollout.prompts_per_step' if online else 'dpo.batch_size'
-    raise components.SetupError(f'config.{key}={per_step} is not divisible by data*fsdp='
-                                f'{meshlib.batch_divisor(c.mesh)} times dpo.microbatches='
-                                f'{dcfg.microbatches}')
+  components.check_batch_splits(config, c.mesh, meshlib.resolved_note(config.mesh, c.mesh))
   memory_est = run_memory.check_memory(c, config)   # one line before an accelerator OOM
   tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
   # each process reads its rows of every batch; GlobalBatches gathers the global batch

@@ -204,26 +204,6 @@ def _check_ranges(fn: str, values: dict) -> None:
       raise ValueError(f'{fn}: {key.split(".")[1]}={values[key]!r}: {requirement}')
 
 
-def _recipe_batches(config) -> tuple[list[tuple[int, int, str]], dict]:
-  """The recipe's batch as its trainer sizes it: ([(rows, multiple, key)], memory.estimate
-  arguments, run_memory.memory_sizes); data*fsdp*multiple must divide each rows
-  (rft_jax/trainer.py, sft.py, dpo_trainer.py)."""
-  from rft_jax import config as config_lib, run_memory  # pylint: disable=g-import-not-at-top
-  sizes = run_memory.memory_sizes(config)
-  if config_lib.is_sft(config):
-    return [(config.sft.batch_size, 1, 'sft.batch_size')], sizes
-  if config_lib.is_dpo(config):
-    key = 'rollout.prompts_per_step' if config.dpo.mode == 'online' else 'dpo.batch_size'
-    return [(sizes['rows'] // 2, sizes['microbatches'], key)], sizes
-  algo = config.get('algo', {})
-  rows = sizes['rows']
-  checks = [(rows, sizes['microbatches'] * sizes['minibatches'],
-             'rollout.prompts_per_step*group_size')]
-  if algo.get('score_chunks', 0):
-    checks.append((rows, int(algo.score_chunks), 'rollout.prompts_per_step*group_size'))
-  return checks, sizes
-
-
 def choose_mesh(config, num_devices: int | None = None,
                 device_bytes: int | None = None) -> dict[str, int]:
   """{'data', 'fsdp', 'tensor'} for a recipe (RL, SFT or DPO) on the devices found:
@@ -235,14 +215,14 @@ def choose_mesh(config, num_devices: int | None = None,
   none fits."""
   check_arg('choose_mesh', config, 'config')
   import jax  # pylint: disable=g-import-not-at-top
-  from rft_jax import components  # pylint: disable=g-import-not-at-top
+  from rft_jax import components, run_memory  # pylint: disable=g-import-not-at-top
   from rft_jax.parallel import memory  # pylint: disable=g-import-not-at-top
   from rft_jax.parallel import mesh as meshlib  # pylint: disable=g-import-not-at-top
   n = jax.device_count() if num_devices is None else num_devices
   if device_bytes is None:
     device_bytes = memory.device_memory_bytes()
   model_cfg = components.model_config(config)
-  checks, sizes = _recipe_batches(config)
+  sizes = run_memory.memory_sizes(config)
   candidates = [(n, 1, 1)] + [(1, n // t, t) for t in (1, 2, 4, 8) if n % t == 0]
   seen = []
   for shape in candidates:
@@ -250,14 +230,16 @@ def choose_mesh(config, num_devices: int | None = None,
       meshlib.check_model_fits_mesh(model_cfg, shape)
     except meshlib.MeshError:
       continue
-    if any(rows % (shape[0] * shape[1] * multiple) for rows, multiple, _ in checks):
+    try:   # the batch as the recipe's trainer splits it
+      components.check_batch_splits(config, shape)
+    except components.SetupError:
       continue
     est = memory.estimate(model_cfg, shape, **sizes)
     seen.append((est.peak, shape))
     if device_bytes is None or est.peak <= 0.9 * device_bytes:
       return dict(zip(('data', 'fsdp', 'tensor'), shape))
   if not seen:
-    rows, _, key = checks[0]
+    key, rows, _ = components.batch_splits(config)[0]
     raise components.SetupError(f'no mesh of {n} devices divides the model and the batch '
                                 f'(config.{key}={rows}); set config.mesh by hand')
   peak, shape = min(seen)

@@ -23,9 +23,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
   t_start = time.time()
   os.makedirs(workdir, exist_ok=True)
   c = components.build(config)
-  if config.sft.batch_size % meshlib.batch_divisor(c.mesh):
-    raise components.SetupError(f'config.sft.batch_size={config.sft.batch_size} is not divisible '
-                                f'by data*fsdp={meshlib.batch_divisor(c.mesh)}')
+  components.check_batch_splits(config, c.mesh, meshlib.resolved_note(config.mesh, c.mesh))
   memory_est = run_memory.check_memory(c, config)   # one line before an accelerator OOM
   tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
   data_it = hostdata.GlobalBatches(pipeline.sft_batches(   # each process reads its rows only

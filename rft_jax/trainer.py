@@ -105,15 +105,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   mode, mcfg, watch_steps, lr_factor = monitor_settings(config)
   algo = ppo.algo_config(config, use_reference=mode == 'auto')   # GRPOConfig or PPOConfig
   rollout_rows = config.rollout.prompts_per_step * config.rollout.group_size
-  if rollout_rows % (meshlib.batch_divisor(c.mesh) * algo.microbatches *
-                     getattr(algo, 'minibatches', 1)):
-    raise components.SetupError(
-        f'config.rollout: prompts_per_step*group_size={rollout_rows} is not divisible by '
-        f'data*fsdp={meshlib.batch_divisor(c.mesh)} times algo.microbatches={algo.microbatches}')
-  if algo.score_chunks and rollout_rows % (meshlib.batch_divisor(c.mesh) * algo.score_chunks):
-    raise components.SetupError(
-        f'config.algo.score_chunks={algo.score_chunks}: data*fsdp={meshlib.batch_divisor(c.mesh)}'
-        f' times it must divide prompts_per_step*group_size={rollout_rows}')
+  components.check_batch_splits(config, c.mesh, meshlib.resolved_note(config.mesh, c.mesh))
   memory_est = run_memory.check_memory(c, config, algo)   # one line before an accelerator OOM
   tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
   critic_opt = ppo.critic_optimizer(config, algo)   # {} unless PPO

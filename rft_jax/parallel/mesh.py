@@ -8,7 +8,8 @@ What a mesh (d, f, t) needs of a model, checked by check_model_fits_mesh before 
 placed (one-line MeshError naming the number):
   heads % t == 0, kv_heads % t == 0, intermediate_size % t == 0, vocab_size % t == 0
   hidden_size % f == 0                          (every 'embed' dimension is split over fsdp)
-and of every batch: rows % (d * f) == 0 (check_batch_fits_mesh).
+and of every batch: rows % (d * f * parts) == 0, parts its micro-batches etc.
+(check_batch_fits_mesh).
 """
 import math
 from typing import Any
@@ -150,9 +151,15 @@ def check_model_fits_mesh(model_cfg, mesh) -> None:
                     f'{model_cfg.hidden_size} (FSDP splits every parameter\'s embed dimension)')
 
 
-def check_batch_fits_mesh(rows: int, mesh, what: str = 'batch rows') -> None:
-  """Raises MeshError unless data*fsdp divides `rows` (batches are split by rows)."""
+def check_batch_fits_mesh(rows: int, mesh, what: str = 'batch rows',
+                          factors: tuple[tuple[str, int], ...] = ()) -> None:
+  """Raises MeshError unless data*fsdp*prod(factors) divides `rows`: batches are split by rows
+  over data x fsdp, after being cut into prod(n for _, n in factors) equal parts (micro-batches,
+  mini-batches, score chunks). factors: ((config key, n), ...), named in the message."""
   data, fsdp, _ = _shape_of(mesh)
-  if rows % (data * fsdp):
+  parts = math.prod(n for _, n in factors)
+  if rows % (data * fsdp * parts):
+    times = ''.join(f' times {key}={n}' for key, n in factors)
+    total = f' = {data * fsdp * parts}' if factors else ''
     raise MeshError(f'{what}={rows} is not divisible by config.mesh data*fsdp={data}*{fsdp}='
-                    f'{data * fsdp} (rows are split over both axes)')
+                    f'{data * fsdp}{times}{total}: rows are split over both axes')
