@@ -169,7 +169,8 @@ def check_mesh(config: ml_collections.ConfigDict) -> None:
   flexible = [axis for axis in config.mesh.keys() if config.mesh[axis] == -1]
   if len(flexible) > 1:
     raise ConfigError(f'mesh.{flexible[1]}',
-                      f'at most one mesh axis may be -1 (mesh.{flexible[0]} is already -1)', -1)
+                      f'at most one mesh axis may be -1 (mesh.{flexible[0]} is already -1; give '
+                      f'it a size, e.g. --config.mesh.{flexible[0]}=1)', -1)
 
 
 def _check_algo(config: ml_collections.ConfigDict) -> None:

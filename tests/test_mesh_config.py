@@ -5,13 +5,18 @@ score chunks); a mesh that cannot split it is refused at start-up with exit 2. -
 used to say 'config OK' for such a mesh, and the RL message left PPO's mini-batches out.
 """
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
-from rft_jax import api, components
+from configs import grpo_gsm8k_qwen2
+from rft_jax import api, components, config_rules
+from rft_jax import config as config_lib
+from rft_jax.parallel import mesh as meshlib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -88,3 +93,38 @@ def test_validate_only_refuses_a_mesh_that_cannot_split_the_batch():
   for (args, fragment), (rc, err) in zip(cases, results):
     assert rc == 2 and len(err) == 1, (args, rc, err)
     assert err[0].startswith('error: config.') and fragment in err[0], (args, err[0])
+
+
+def _readme_multihost_commands() -> list[dict[str, str]]:
+  """The --config.* overrides of each `rft_jax.main` command in the README's Multi-host block."""
+  with open(os.path.join(REPO, 'README.md'), encoding='utf-8') as f:
+    text = f.read()
+  block = text[text.index('**Multi-host.**'):text.index('What each process does')]
+  commands = re.sub(r'\\\n\s*', ' ', block).split('\n')   # continuation lines joined
+  return [dict(re.findall(r'--config\.(\S+?)=([^\s"]+)', line)) for line in commands
+          if 'python -m rft_jax.main' in line]
+
+
+def test_readme_multihost_commands_fit_32_devices():
+  """The README's TPU and SLURM commands set only --config.mesh.fsdp=-1 on a recipe whose
+  mesh.data is -1: both exited 2 ('at most one mesh axis may be -1'); with that fixed, 32
+  devices times algo.microbatches=8 did not divide the recipe's 128 rollout rows."""
+  commands = _readme_multihost_commands()
+  assert len(commands) == 3 and all('mesh.fsdp' in c for c in commands), commands
+  for overrides in commands:   # 4 hosts x 8 devices; N (hosts) = 4
+    config = grpo_gsm8k_qwen2.get_config()
+    api.apply_overrides(config, {k: int(v.replace('N', '4')) for k, v in overrides.items()})
+    config_rules.check_mesh(config)
+    shape = meshlib.mesh_shape(config.mesh, 32)
+    assert math.prod(shape) == 32   # several processes: the mesh must use every device
+    meshlib.check_model_fits_mesh(components.model_config(config), shape)
+    components.check_batch_splits(config, shape)
+
+
+def test_two_flexible_axes_say_how_to_fix_it():
+  config = grpo_gsm8k_qwen2.get_config()
+  config.mesh.fsdp = -1
+  with pytest.raises(config_lib.ConfigError, match=r'^config.mesh.fsdp=-1: at most one mesh axis '
+                     r'may be -1 \(mesh.data is already -1; give it a size, e\.g\. '
+                     r'--config.mesh.data=1\)$'):
+    config_rules.check_mesh(config)
