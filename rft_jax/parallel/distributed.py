@@ -7,10 +7,13 @@ Every host runs the same command; before any other JAX call (first thing in main
   JAX_PROCESS_ID=i                     this process, 0 .. N-1
 
 JAX itself reads only JAX_COORDINATOR_ADDRESS; the other two are passed here. On Cloud TPU pods,
-SLURM and Open MPI, RFT_DISTRIBUTED=1 alone lets JAX detect all three. Without any of these
-variables nothing happens (one process). Afterwards jax.devices() lists every host's devices, so
-config.mesh describes the global mesh (data * fsdp * tensor = all devices); each host feeds its
-devices' rows and scores its share of the completions (rft_jax/parallel/hostdata.py).
+SLURM and Open MPI, RFT_DISTRIBUTED=1 alone lets JAX detect all three. Any of them asks for
+jax.distributed (JAX_NUM_PROCESSES=1 or JAX_PROCESS_ID=0 alone does not): a number of processes
+without the address, off such a cluster, is a DistributedEnvError, not a separate one-process
+run on every host. Without any of these variables nothing happens (one process).
+Afterwards jax.devices() lists every host's devices, so config.mesh describes the global mesh
+(data * fsdp * tensor = all devices); each host feeds its devices' rows and scores its share of
+the completions (rft_jax/parallel/hostdata.py).
 """
 import os
 
@@ -37,8 +40,10 @@ def requested(environ=None) -> bool:
   """Whether the variables above ask for jax.distributed (several processes): the devices of the
   other hosts are then not known before it starts."""
   env = os.environ if environ is None else environ
-  return bool(env.get('JAX_COORDINATOR_ADDRESS')) or env.get('RFT_DISTRIBUTED', '') in (
-      '1', 'true')
+  several = any(env.get(name, '').strip() not in ('', one)   # a bad value too: named later
+                for name, one in (('JAX_NUM_PROCESSES', '1'), ('JAX_PROCESS_ID', '0')))
+  return several or bool(env.get('JAX_COORDINATOR_ADDRESS')) or env.get(
+      'RFT_DISTRIBUTED', '') in ('1', 'true')
 
 
 def initialize_from_env(environ=None) -> bool:
