@@ -293,12 +293,12 @@ def test_signature_table_is_consistent():
 
 def test_false_alarm_tool_rejects_too_few_steps_in_one_line(capsys):
   """Fault onsets are drawn from [warmup + 30, steps - 40): --steps 60 had crashed with a
-  'low >= high' traceback from numpy; now an argparse error naming the minimum."""
+  'low >= high' traceback from numpy; now one line naming the minimum (no usage line), exit 2."""
   with pytest.raises(SystemExit) as e:
     monitor_false_alarms.main(['--traces', '4', '--steps', '60'])
-  err = capsys.readouterr().err.strip().splitlines()[-1]
-  assert e.value.code == 2 and err.endswith('error: --steps=60: at least 81 (faults start in '
-                                            '[warmup + 30, steps - 40) with warmup=10)'), err
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err == ('error: --steps=60: at least 81 (faults start in '
+                                       '[warmup + 30, steps - 40) with warmup=10)\n'), err
   with pytest.raises(SystemExit, match='2'):   # the minimum follows --set warmup=...
     monitor_false_alarms.main(['--traces', '1', '--steps', '81', '--set', 'warmup=11'])
   assert 'at least 82' in capsys.readouterr().err

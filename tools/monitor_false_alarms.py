@@ -15,6 +15,7 @@
    signatures.rank_key), and false alarms per 1,000 steps before onset.
 
 All traces of a batch run as one monitor batch ([N] per signal) in one jitted lax.scan over steps.
+A bad --steps or --set is one line on stderr, exit 2.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from rft_jax.monitor import knobs
 from rft_jax.monitor import signatures as sigs
 from rft_jax.monitor import synthetic
 from rft_jax.monitor.monitor import MonitorConfig, run_monitor
+from tools.checkpoint import usage_exit
 
 
 @functools.partial(jax.jit, static_argnames='cfg')
@@ -103,11 +105,11 @@ def main(argv=None):
   try:   # the knobs' parser and ranges, as a run's config and tools.monitor_replay check them
     cfg = knobs.monitor_config(None, **knobs.parse_set(args.set))
   except ValueError as e:   # was a traceback (unknown field, no '=', a value of another type)
-    parser.error(str(e))
+    raise usage_exit(str(e)) from None
   min_steps = cfg.warmup + 71   # fault onsets are drawn from [warmup + 30, steps - 40)
   if args.steps < min_steps:
-    parser.error(f'--steps={args.steps}: at least {min_steps} (faults start in [warmup + 30, '
-                 f'steps - 40) with warmup={cfg.warmup})')
+    raise usage_exit(f'--steps={args.steps}: at least {min_steps} (faults start in [warmup + 30, '
+                     f'steps - 40) with warmup={cfg.warmup})')
 
   for early_rise in (False, True):
     total, per_sig, runs = false_alarms(cfg, args.traces, args.steps, args.seed, early_rise)
