@@ -189,3 +189,12 @@ def test_tiny_reports_in_the_checkout_are_ignored_by_git():
   for name in ('grpo_tiny.json', 'grpo_tiny.md'):
     assert check(f'experiments/bench/{name}') == 0, name
   assert check('experiments/bench/grpo_issue11.json') == 1
+
+
+def test_exported_tokenizer_config_states_the_models_positions(tmp_path):
+  """tokenizer_config.json said model_max_length 128 whatever the model's positions (GPU_0P5B:
+  26 + 128 = 154 tokens, so a HF pipeline would truncate its sequences at 128)."""
+  w = bench_workload.with_fields(bench_workload.TINY, {'max_new_tokens': 200})
+  bench_workload.write_tokenizer(w, str(tmp_path))
+  config = json.loads((tmp_path / 'tokenizer_config.json').read_text())
+  assert config['model_max_length'] == w.model_dict()['max_position_embeddings'] == 207

@@ -152,7 +152,8 @@ def left_pad(ids: list[list[int]], length: int) -> tuple[np.ndarray, np.ndarray]
 
 
 def write_tokenizer(w: Workload, out_dir: str) -> None:
-  """A word-level tokenizer.json (+ tokenizer_config.json) both rft_jax and transformers load."""
+  """A word-level tokenizer.json (+ tokenizer_config.json) both rft_jax and transformers load;
+  model_max_length is the model's max_position_embeddings (model_dict)."""
   import tokenizers  # pylint: disable=g-import-not-at-top
   from tokenizers import models, pre_tokenizers
   vocab = {t: i for i, t in enumerate(SPECIALS)}
@@ -165,7 +166,8 @@ def write_tokenizer(w: Workload, out_dir: str) -> None:
   with open(os.path.join(out_dir, 'tokenizer_config.json'), 'w') as f:
     json.dump({'tokenizer_class': 'PreTrainedTokenizerFast', 'pad_token': '<pad>',
                'bos_token': '<s>', 'eos_token': '</s>', 'unk_token': '<unk>',
-               'padding_side': 'left', 'model_max_length': 128}, f, indent=1)
+               'padding_side': 'left',
+               'model_max_length': w.model_dict()['max_position_embeddings']}, f, indent=1)
 
 
 def write_assets(w: Workload, params, model_cfg, out_dir: str, steps: int) -> str:
