@@ -180,3 +180,23 @@ def test_algo_table_deletes_only_an_earlier_run_directory(tmp_path, monkeypatch,
   (out / 'grpo' / 'notes.txt').unlink()
   assert algo_table.main(argv) == 1   # both "ran" (exit 3): their earlier directories removed
   assert len(ran) == 2 and not (out / 'dapo' / 'config.json').exists()
+
+
+def test_algo_table_keeps_an_earlier_invocations_log(tmp_path, monkeypatch):
+  """<out>/<recipe>.log was opened with 'w': a rerun lost the earlier invocation's console output
+  without a word. Now each invocation appends under a line with its date and command."""
+  from tools import algo_table  # pylint: disable=g-import-not-at-top
+
+  def fake_run(cmd, stdout, **kw):
+    stdout.write('this run failed\n')
+    return 3
+  monkeypatch.setattr(algo_table.subprocess, 'call', fake_run)
+  out = tmp_path / 'out'
+  out.mkdir()
+  (out / 'grpo.log').write_text('the earlier run\n')
+  argv = ['--out', str(out), '--recipes', 'grpo', '--results', str(tmp_path / 'results')]
+  assert algo_table.main(argv) == 1
+  lines = (out / 'grpo.log').read_text().splitlines()
+  assert lines[0] == 'the earlier run' and lines[2] == 'this run failed', lines
+  assert lines[1].startswith('=== ') and lines[1].endswith(
+      f'rft_jax.main --config configs/grpo_arith.py --workdir {out}/grpo'), lines

@@ -4,7 +4,8 @@ r"""The measured algorithm table: run each arithmetic recipe and tabulate what i
 
 Runs the recipes one after another, each in a fresh workdir `<out>/<recipe>` (removed first if
 an earlier invocation left it; any other folder of that name is refused, exit 2, before anything
-runs) as its own `python -m rft_jax.main` process (console output in `<out>/<recipe>.log`),
+runs) as its own `python -m rft_jax.main` process (console output appended to
+`<out>/<recipe>.log` under a line giving the date and command: earlier invocations' logs stay),
 then writes `experiments/algorithms/results.md` and `results.json` (--results to change):
 base -> final held-out greedy and mean@k accuracy (summary.json), their gains, the mean train
 reward of the last 10 steps (of the final trajectory: after a remediation rewind, as re-run),
@@ -59,13 +60,16 @@ def run_recipe(name: str, out: str, steps: int | None) -> dict:
   if steps:
     cmd.append(f'--config.train.steps={steps}')
   t0 = time.time()
-  with open(os.path.join(out, f'{name}.log'), 'w') as log:
+  log_path = os.path.join(out, f'{name}.log')
+  with open(log_path, 'a') as log:   # 'w' lost an earlier invocation's log without a word
+    log.write(f'=== {datetime.datetime.now().isoformat(" ", "seconds")}: {" ".join(cmd[1:])}\n')
+    log.flush()   # before the child's output, which goes to the same file
     rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
   wall = time.time() - t0
   row = {'algorithm': name, 'config': config, 'command': ' '.join(cmd[1:]), 'returncode': rc,
          'wall_s': round(wall, 1)}
   if rc != 0:
-    row['error'] = f'exit {rc}: see {os.path.join(out, name + ".log")}'
+    row['error'] = f'exit {rc}: see the end of {log_path}'
     return row
   with open(os.path.join(workdir, 'summary.json')) as f:
     summary = json.load(f)
