@@ -171,6 +171,9 @@ class SigmoidFit:
   kind: str = 'sigmoid'
   at_zero: int = 0            # of `excluded`: points at C = 0 (the base eval)
   exclude_first: float = 0.0
+  # Where R0 came from: 'given' (fit_sigmoid's R0 argument), 'base_eval' (the point at C = 0)
+  # or 'first_eval' (no point at C = 0: the eval at the smallest compute).
+  r0_source: str = 'base_eval'
 
   def predict(self, compute: Any) -> np.ndarray:
     return sigmoid_curve(compute, self.A, self.B, self.C_mid, self.R0)
@@ -192,7 +195,7 @@ class SigmoidFit:
     j, ji = common.json_float, common.json_interval
     d = {'kind': self.kind, 'formula': 'R(C) - R0 = (A - R0) / (1 + (C_mid / C)^B)',
          'A': j(self.A) if self.A_identified else None,
-         'B': j(self.B), 'C_mid': j(self.C_mid), 'R0': j(self.R0),
+         'B': j(self.B), 'C_mid': j(self.C_mid), 'R0': j(self.R0), 'R0_source': self.r0_source,
          'intervals': {k: (ji(v) if (k != 'A' or self.A_identified) else None)
                        for k, v in self.intervals.items()},
          'A_identified': self.A_identified, 'A_reason': self.A_reason,
@@ -210,9 +213,14 @@ class SigmoidFit:
     """A few human-readable lines."""
     iv = self.intervals
     pct = f'{self.level:.0%}'
+    given = self.r0_source == 'given'   # then the base eval at C = 0 has no part in the fit
     points = common.points_note(self.compute.size, self.excluded, self.at_zero,
-                                self.exclude_first, 'it sets R0')
-    lines = [f'sigmoid fit on {points}, R0={self.R0:.4g}, residual sd {self.residual_sd:.3g}']
+                                self.exclude_first, 'unused: R0 was given' if given
+                                else 'it sets R0')
+    source = {'given': ' (given)', 'base_eval': '',
+              'first_eval': ' (the eval at the smallest compute)'}[self.r0_source]
+    lines = [f'sigmoid fit on {points}, R0={self.R0:.4g}{source}, '
+             f'residual sd {self.residual_sd:.3g}']
     if self.A_identified:
       lines.append(f'  A     = {self.A:.4g}  [{iv["A"][0]:.4g}, {iv["A"][1]:.4g}] ({pct})')
     else:
@@ -261,10 +269,11 @@ def fit_sigmoid(compute: Any, reward: Any, exclude_first: float = 0.1, *,
 
   Args:
     compute, reward: eval points (any order; compute >= 0). A point at C = 0 (the base
-      model's eval) only sets R0.
+      model's eval) only sets R0 (unused when R0 is given).
     exclude_first: points with C <= exclude_first * max(C) are left out of the fit.
     R0: the starting performance; None = the value at the smallest compute (then resampled
-      with the residuals in the bootstrap, since it is one noisy eval too).
+      with the residuals in the bootstrap, since it is one noisy eval too). The fit's
+      r0_source says which ('given', 'base_eval' at C = 0, 'first_eval' otherwise).
     upper: bound on A (1.0 for an accuracy, which also keeps A >= 0; None for an unbounded
       reward).
     target_compute: also predict R there, with an interval.
@@ -315,7 +324,8 @@ def fit_sigmoid(compute: Any, reward: Any, exclude_first: float = 0.1, *,
                    excluded=int(c.size - cf.size),
                    residual_sd=sd,
                    A_identified=identified, A_reason=reason, level=level, block=block,
-                   upper=upper, at_zero=int(np.sum(c == 0)), exclude_first=exclude_first)
+                   upper=upper, at_zero=int(np.sum(c == 0)), exclude_first=exclude_first,
+                   r0_source='given' if r0_given else 'base_eval' if c[0] == 0 else 'first_eval')
   if target_compute is not None:
     if not target_compute > 0:
       raise common.ScalingFitError(f'target_compute must be > 0, got {target_compute}')
