@@ -220,11 +220,11 @@ def plot_fits(runs: Sequence[dict], path: str, target: float | None) -> None:
       ax.fill_between(grid, lo, hi, color=col, alpha=0.12 if kind == 'sigmoid' else 0.06)
       if kind == 'sigmoid' and fit.A_identified:
         ax.axhline(fit.A, color=col, lw=0.8, ls='-.', alpha=0.6)
-      if fit.prediction is not None:
+      if fit.prediction is not None:   # no error bar where the interval is not identified
         lo_t, hi_t = fit.prediction_interval
-        ax.errorbar([fit.target_compute], [fit.prediction],
-                    yerr=[[fit.prediction - lo_t], [hi_t - fit.prediction]], fmt='D',
-                    color=col, capsize=3, ms=4)
+        ax.errorbar([fit.target_compute], [fit.prediction], fmt='D', color=col, capsize=3, ms=4,
+                    yerr=None if fit.interval_reason else [[fit.prediction - lo_t],
+                                                           [hi_t - fit.prediction]])
   ax.set_xscale('log')
   ax.set_xlabel('training compute (FLOPs)')
   ax.set_ylabel(runs[0]['metric'] if runs else '')

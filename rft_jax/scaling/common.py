@@ -120,6 +120,27 @@ def bootstrap_targets(rng: np.random.Generator, fitted: np.ndarray, resid: np.nd
   return fitted[None, :] + e[block_indices(rng, n, n_boot, block)], int(block)
 
 
+# A fit whose residual sd is at most EXACT times the span of the values it fits interpolates its
+# points (collinear points for the power law; a base eval, one point on the rise, then equal evals
+# for the sigmoid): the residual bootstrap then resamples nothing, and its intervals and bands
+# have zero width, which is not evidence that the curve is known.
+EXACT = 1e-4
+
+
+def exact_fit_reason(sd: float, span: float) -> str | None:
+  """Why the bootstrap's intervals and band are not identified (sd <= EXACT * span: the curve
+  passes through every fitted point), or None when the residuals give them a width."""
+  if sd > EXACT * span:
+    return None
+  return (f'the curve passes through every fitted point (residual sd {sd:.2g}): the bootstrap '
+          'has no noise to resample, so every interval would have zero width')
+
+
+def with_interval(value: float, iv: Sequence[float], shown: bool = True) -> str:
+  """'0.5  [0.4, 0.6]' (4 significant digits), or '0.5' alone when the interval is not shown."""
+  return f'{value:.4g}  [{iv[0]:.4g}, {iv[1]:.4g}]' if shown else f'{value:.4g}'
+
+
 def interval(samples: np.ndarray, level: float = 0.95) -> tuple[float, float]:
   """Percentile interval of the finite samples (NaN, NaN when there are none)."""
   s = np.asarray(samples, dtype=float)

@@ -14,8 +14,8 @@ for the sigmoid scaling/A_identified (0/1; A and its interval only when 1 -- bef
 passed C_mid the extrapolation is unreliable and the flag says so).
 
 Anomaly: every new point is compared with the latest fit made from earlier points only. With
-lo(C) that fit's lower band edge at the point's compute and sigma its residual sd (accuracy
-units, sqrt(SSE / (n - p))):
+lo(C) that fit's lower band edge at the point's compute (its curve when it has no band: a fit
+through every point) and sigma its residual sd (accuracy units, sqrt(SSE / (n - p))):
 
   anomalous  iff  y < lo(C) - margin,    margin = max(anomaly_sd * sigma, anomaly_min_drop)
   score      = (lo(C) - y) / margin      (>= 1 when anomalous)
@@ -114,21 +114,27 @@ def residual_sd(fit) -> float:
 
 
 def check_point(fit, compute: float, value: float, cfg: LiveConfig) -> dict[str, float]:
-  """The previous fit's verdict on a new point: expected, lo, hi, margin, score, anomalous."""
+  """The previous fit's verdict on a new point: expected, lo, hi, margin, score, anomalous.
+
+  Without a band (a fit through every point: fit.interval_reason; or every refit failed) lo and
+  hi are NaN and the point is measured from the curve itself (lo(C) = expected in the module's
+  formula)."""
   expected = float(fit.predict(compute))
   lo, hi = (float(v[0]) for v in fit.band([compute], cfg.level))
+  floor = lo if math.isfinite(lo) else expected
   margin = max(cfg.anomaly_sd * residual_sd(fit), cfg.anomaly_min_drop)
-  score = (lo - value) / margin if margin > 0 else (math.inf if value < lo else 0.0)
+  score = (floor - value) / margin if margin > 0 else (math.inf if value < floor else 0.0)
   return {'expected': expected, 'lo': lo, 'hi': hi, 'margin': margin, 'score': score,
-          'anomalous': bool(value < lo - margin)}
+          'anomalous': bool(value < floor - margin)}
 
 
 def fit_metrics(fit) -> dict[str, float]:
   """scaling/* metrics of a fit made with a target compute."""
-  lo, hi = fit.prediction_interval
-  out = {'scaling/pred_final': fit.prediction, 'scaling/pred_lo': lo, 'scaling/pred_hi': hi,
-         'scaling/planned_compute': fit.target_compute,
+  out = {'scaling/pred_final': fit.prediction, 'scaling/planned_compute': fit.target_compute,
          'scaling/n_points': float(fit.compute.size)}
+  shown = fit.interval_reason is None   # else zero-width intervals: not identified, not logged
+  if shown:
+    out['scaling/pred_lo'], out['scaling/pred_hi'] = fit.prediction_interval
   if fit.kind == 'sigmoid':
     out.update({'scaling/A_identified': float(fit.A_identified), 'scaling/B': fit.B,
                 'scaling/C_mid': fit.C_mid})
@@ -136,24 +142,27 @@ def fit_metrics(fit) -> dict[str, float]:
       out.update({'scaling/A': fit.A, 'scaling/A_lo': fit.intervals['A'][0],
                   'scaling/A_hi': fit.intervals['A'][1]})
   else:
-    out.update({'scaling/k': fit.k, 'scaling/k_lo': fit.intervals['k'][0],
-                'scaling/k_hi': fit.intervals['k'][1]})
+    out['scaling/k'] = fit.k
+    if shown:
+      out['scaling/k_lo'], out['scaling/k_hi'] = fit.intervals['k']
   return {k: float(v) for k, v in out.items()}
 
 
 def anomaly_incident(step: int, metric: str, value: float, check: Mapping[str, float]) -> dict:
   """An incident dict shaped like the monitor's (rft_jax.monitor.monitor.incidents_from_alarms)."""
+  banded = math.isfinite(check['lo'])
+  below = (f'95% band [{check["lo"]:.3g}, {check["hi"]:.3g}]' if banded
+           else f'curve ({check["expected"]:.3g}; the fit has no band)')
   return {
       'kind': 'incident', 'step': int(step), 'onset_step': int(step),
       'signature': 'scaling_anomaly', 'fault_class': 'scaling_anomaly', 'severity': 'warn',
       'remediation': 'warn_only',
-      'description': (f'{metric} {value:.3g} fell below the scaling fit\'s 95% band '
-                      f'[{check["lo"]:.3g}, {check["hi"]:.3g}] by more than '
-                      f'{check["margin"]:.3g}'),
+      'description': (f'{metric} {value:.3g} fell below the scaling fit\'s {below} by more '
+                      f'than {check["margin"]:.3g}'),
       'score': float(check['score']),
       'evidence': [{'signal': metric, 'direction': 'down', 'score': float(check['score']),
                     'value': float(value), 'baseline': float(check['expected']),
-                    'band': [float(check['lo']), float(check['hi'])]}]}
+                    'band': [float(check['lo']), float(check['hi'])] if banded else None}]}
 
 
 @dataclasses.dataclass
@@ -239,8 +248,9 @@ class LiveFit:
       check = check_point(fit, compute, value, self.cfg)
       anomalous = check['anomalous']
       out.metrics.update({'scaling/expected': check['expected'],
-                          'scaling/expected_lo': check['lo'],
                           'scaling/anomaly': float(anomalous)})
+      if math.isfinite(check['lo']):   # NaN: the fit has no band (check_point)
+        out.metrics['scaling/expected_lo'] = check['lo']
       if anomalous and not self.latched:
         out.incidents.append(anomaly_incident(step, self.metric, value, check))
     self.latched = anomalous

@@ -49,43 +49,53 @@ class PowerLawFit:
   kind: str = 'power_law'
   at_zero: int = 0            # of `excluded`: points at C = 0 (the base eval)
   exclude_first: float = 0.0
+  # Why the intervals and the band are not identified (common.exact_fit_reason: collinear
+  # points in log-log space), or None. Then band() is NaN and no interval is reported.
+  interval_reason: str | None = None
 
   def predict(self, compute: Any) -> np.ndarray:
     """accuracy(C) = 1 - exp(E) * C^-k."""
     return 1 - np.exp(self.E - self.k * np.log(np.asarray(compute, dtype=float)))
 
   def band(self, compute: Any, level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Pointwise percentile band of the bootstrap curves at `compute` (NaN: interval_reason)."""
     level = self.level if level is None else level
     x = np.log(np.atleast_1d(np.asarray(compute, dtype=float)))
+    if self.interval_reason:
+      return np.full(x.shape, np.nan), np.full(x.shape, np.nan)
     acc = 1 - np.exp(self.boot[:, 1:2] - self.boot[:, 0:1] * x[None])
     lo, hi = np.quantile(acc, [(1 - level) / 2, (1 + level) / 2], axis=0)
     return lo, hi
 
   def to_dict(self) -> dict[str, Any]:
     j, ji = common.json_float, common.json_interval
+    shown = self.interval_reason is None
     return {'kind': self.kind, 'formula': 'log(1 - acc) = -k log C + E',
             'k': j(self.k), 'E': j(self.E),
-            'intervals': {k: ji(v) for k, v in self.intervals.items()},
+            'intervals': {k: ji(v) if shown else None for k, v in self.intervals.items()},
+            'interval_reason': self.interval_reason,
             'level': self.level, 'n_points': int(self.compute.size),
             'n_excluded': self.excluded, 'n_excluded_at_zero': self.at_zero,
             'n_boot': int(self.boot.shape[0]), 'block': self.block,
             'compute_range': [j(self.compute[0]), j(self.compute[-1])],
             'residual_sd_log_loss': j(self.residual_sd),
             'target_compute': j(self.target_compute), 'prediction': j(self.prediction),
-            'prediction_interval': ji(self.prediction_interval)}
+            'prediction_interval': ji(self.prediction_interval) if shown else None}
 
   def summary(self) -> str:
-    iv = self.intervals
+    iv, shown = self.intervals, self.interval_reason is None
     points = common.points_note(self.compute.size, self.excluded, self.at_zero,
                                 self.exclude_first, 'log C is undefined there')
     lines = [f'power-law fit on {points}, '
              f'residual sd {self.residual_sd:.3g} in ln(1 - acc)',
-             f'  k = {self.k:.4g}  [{iv["k"][0]:.4g}, {iv["k"][1]:.4g}] ({self.level:.0%})',
-             f'  E = {self.E:.4g}  [{iv["E"][0]:.4g}, {iv["E"][1]:.4g}]']
+             f'  k = {common.with_interval(self.k, iv["k"], shown)}'
+             + (f' ({self.level:.0%})' if shown else ''),
+             f'  E = {common.with_interval(self.E, iv["E"], shown)}']
     if self.prediction is not None:
-      lo, hi = self.prediction_interval
-      lines.append(f'  acc({self.target_compute:.4g}) = {self.prediction:.4g}  '
-                   f'[{lo:.4g}, {hi:.4g}]')
+      lines.append(f'  acc({self.target_compute:.4g}) = '
+                   + common.with_interval(self.prediction, self.prediction_interval, shown))
+    if not shown:
+      lines.append(f'  intervals and band not identified: {self.interval_reason}')
     return '\n'.join(lines)
 
 
@@ -130,11 +140,12 @@ def fit_power_law(compute: Any, accuracy: Any, exclude_first: float = 0.0, *,
   ys, block = common.bootstrap_targets(rng, fitted, resid, 2, n_boot, block)
   boot = ys @ pinv.T
   intervals = {'k': common.interval(boot[:, 0], level), 'E': common.interval(boot[:, 1], level)}
+  sd = math.sqrt(float(resid @ resid) / max(cf.size - 2, 1))
   fit = PowerLawFit(k=float(k), E=float(e), intervals=intervals, boot=boot, compute=cf,
-                    values=af, excluded=int(c.size - cf.size),
-                    residual_sd=math.sqrt(float(resid @ resid) / max(cf.size - 2, 1)),
+                    values=af, excluded=int(c.size - cf.size), residual_sd=sd,
                     level=level, block=block, at_zero=int(np.sum(c == 0)),
-                    exclude_first=exclude_first)
+                    exclude_first=exclude_first,
+                    interval_reason=common.exact_fit_reason(sd, float(np.ptp(y))))
   if target_compute is not None:
     if not target_compute > 0:
       raise common.ScalingFitError(f'target_compute must be > 0, got {target_compute}')

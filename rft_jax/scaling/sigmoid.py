@@ -36,10 +36,6 @@ def _expit(z):
 
 PARAMS = ('A', 'B', 'C_mid')
 _B_BOUNDS = (1e-2, 50.0)
-# A fit whose residual sd is below this fraction of the curve's span interpolates its points
-# (e.g. a base eval, one point on the rise, then equal evals): the residual bootstrap then
-# resamples nothing and returns zero-width intervals, which are not evidence that A is known.
-_EXACT = 1e-4
 
 
 def sigmoid_curve(compute: Any, A: float, B: float, C_mid: float, R0: float) -> np.ndarray:
@@ -174,16 +170,20 @@ class SigmoidFit:
   # Where R0 came from: 'given' (fit_sigmoid's R0 argument), 'base_eval' (the point at C = 0)
   # or 'first_eval' (no point at C = 0: the eval at the smallest compute).
   r0_source: str = 'base_eval'
+  # Why the intervals and the band are not identified (common.exact_fit_reason), or None. Then
+  # band() is NaN; `intervals` keep the bootstrap's zero-width ones, which are not reported.
+  interval_reason: str | None = None
 
   def predict(self, compute: Any) -> np.ndarray:
     return sigmoid_curve(compute, self.A, self.B, self.C_mid, self.R0)
 
   def band(self, compute: Any, level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Pointwise percentile band of the bootstrap curves at `compute`."""
+    """Pointwise percentile band of the bootstrap curves at `compute`; NaN where there is none
+    (every refit failed, or interval_reason)."""
     level = self.level if level is None else level
     ok = np.all(np.isfinite(self.boot), axis=1)
     c = np.atleast_1d(np.asarray(compute, dtype=float))
-    if not ok.any():
+    if not ok.any() or self.interval_reason:
       return np.full(c.shape, np.nan), np.full(c.shape, np.nan)
     curves = np.stack([sigmoid_curve(c, a, b, m, r0)
                        for (a, b, m), r0 in zip(self.boot[ok], self.boot_r0[ok])])
@@ -191,14 +191,17 @@ class SigmoidFit:
     return lo, hi
 
   def to_dict(self) -> dict[str, Any]:
-    """JSON-safe summary; A and its interval are None when A is not identified."""
+    """JSON-safe summary; A and its interval are None when A is not identified, every interval
+    when they are not (interval_reason)."""
     j, ji = common.json_float, common.json_interval
+    shown = self.interval_reason is None
     d = {'kind': self.kind, 'formula': 'R(C) - R0 = (A - R0) / (1 + (C_mid / C)^B)',
          'A': j(self.A) if self.A_identified else None,
          'B': j(self.B), 'C_mid': j(self.C_mid), 'R0': j(self.R0), 'R0_source': self.r0_source,
-         'intervals': {k: (ji(v) if (k != 'A' or self.A_identified) else None)
+         'intervals': {k: (ji(v) if shown and (k != 'A' or self.A_identified) else None)
                        for k, v in self.intervals.items()},
          'A_identified': self.A_identified, 'A_reason': self.A_reason,
+         'interval_reason': self.interval_reason,
          'level': self.level, 'n_points': int(self.compute.size),
          'n_excluded': self.excluded, 'n_excluded_at_zero': self.at_zero,
          'n_boot': int(self.boot.shape[0]), 'block': self.block,
@@ -206,7 +209,7 @@ class SigmoidFit:
          'compute_range': [j(self.compute[0]), j(self.compute[-1])],
          'residual_sd': j(self.residual_sd), 'upper_bound_A': self.upper,
          'target_compute': j(self.target_compute), 'prediction': j(self.prediction),
-         'prediction_interval': ji(self.prediction_interval)}
+         'prediction_interval': ji(self.prediction_interval) if shown else None}
     return d
 
   def summary(self) -> str:
@@ -221,17 +224,20 @@ class SigmoidFit:
               'first_eval': ' (the eval at the smallest compute)'}[self.r0_source]
     lines = [f'sigmoid fit on {points}, R0={self.R0:.4g}{source}, '
              f'residual sd {self.residual_sd:.3g}']
+    shown = self.interval_reason is None
     if self.A_identified:
-      lines.append(f'  A     = {self.A:.4g}  [{iv["A"][0]:.4g}, {iv["A"][1]:.4g}] ({pct})')
+      lines.append(f'  A     = {common.with_interval(self.A, iv["A"])} ({pct})')
     else:
       lines.append(f'  A     = not reported: {self.A_reason}')
-    lines.append(f'  B     = {self.B:.4g}  [{iv["B"][0]:.4g}, {iv["B"][1]:.4g}]')
-    lines.append(f'  C_mid = {self.C_mid:.4g}  [{iv["C_mid"][0]:.4g}, {iv["C_mid"][1]:.4g}]')
+    lines.append(f'  B     = {common.with_interval(self.B, iv["B"], shown)}')
+    lines.append(f'  C_mid = {common.with_interval(self.C_mid, iv["C_mid"], shown)}')
     if self.prediction is not None:
-      lo, hi = self.prediction_interval
-      lines.append(f'  R({self.target_compute:.4g}) = {self.prediction:.4g}  [{lo:.4g}, {hi:.4g}]'
+      lines.append(f'  R({self.target_compute:.4g}) = '
+                   + common.with_interval(self.prediction, self.prediction_interval, shown)
                    + ('' if self.A_identified
                       else '  (extrapolation unreliable: A not identified)'))
+    if not shown:
+      lines.append(f'  intervals and band not identified: {self.interval_reason}')
     return '\n'.join(lines)
 
 
@@ -314,18 +320,18 @@ def fit_sigmoid(compute: Any, reward: Any, exclude_first: float = 0.1, *,
   intervals = {p: common.interval(boot[:, k], level) for k, p in enumerate(PARAMS)}
   identified, reason = identify_A(a, math.exp(m), r0, intervals, float(cf[-1]), upper)
   sd = math.sqrt(sse / max(cf.size - 3, 1))
-  if identified and sd <= _EXACT * max(float(np.ptp(rf)), abs(a - r0)):
-    identified, reason = False, (
-        f'the curve passes through every fitted point (residual sd {sd:.2g}): the bootstrap '
-        'has no noise to resample, so every interval has zero width; A is not identified '
-        '(more evals, or evals that are not mostly equal)')
+  exact = common.exact_fit_reason(sd, max(float(np.ptp(rf)), abs(a - r0)))
+  if identified and exact:
+    identified, reason = False, (f'{exact}; A is not identified (more evals, or evals that '
+                                 'are not mostly equal)')
   fit = SigmoidFit(A=float(a), B=float(b), C_mid=math.exp(m), R0=r0, intervals=intervals,
                    boot=boot, boot_r0=r0s, compute=cf, values=rf,
                    excluded=int(c.size - cf.size),
                    residual_sd=sd,
                    A_identified=identified, A_reason=reason, level=level, block=block,
                    upper=upper, at_zero=int(np.sum(c == 0)), exclude_first=exclude_first,
-                   r0_source='given' if r0_given else 'base_eval' if c[0] == 0 else 'first_eval')
+                   r0_source='given' if r0_given else 'base_eval' if c[0] == 0 else 'first_eval',
+                   interval_reason=exact)
   if target_compute is not None:
     if not target_compute > 0:
       raise common.ScalingFitError(f'target_compute must be > 0, got {target_compute}')
