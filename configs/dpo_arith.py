@@ -35,6 +35,7 @@ def get_config(arg: str = ''):
   common.check_variant(arg, VARIANTS)
   config = ml_collections.ConfigDict()
   config.name = 'dpo_arith'
+  config.variant = arg   # recorded with the run: config.json, summary.json, metrics.jsonl
   config.seed = 0
 
   # Input: the arithmetic task (held-out eval on its test split) and its slip pairs.

@@ -21,6 +21,7 @@ def get_config(arg: str = ''):
   common.check_variant(arg, VARIANTS)
   config = ml_collections.ConfigDict()
   config.name = 'grpo_arith'
+  config.variant = arg   # recorded with the run: config.json, summary.json, metrics.jsonl
   config.seed = 0
 
   # Input: procedurally generated arithmetic (TFDS builder, array_record, offline).

@@ -42,6 +42,7 @@ def get_config(arg: str = ''):
   size = arg if arg in QWEN25 else '0.5b'
   config = ml_collections.ConfigDict()
   config.name = f'grpo_gsm8k_qwen2_{size}' if arg != 'tiny' else 'grpo_gsm8k_qwen2_tiny'
+  config.variant = arg   # recorded with the run: config.json, summary.json, metrics.jsonl
   config.seed = 0
 
   # Input: GSM8K from local JSONL files (TFDS builder, array_record), through the chat template.

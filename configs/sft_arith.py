@@ -20,6 +20,7 @@ def get_config(arg: str = ''):
   common.check_variant(arg, VARIANTS)
   config = ml_collections.ConfigDict()
   config.name = 'sft_arith'
+  config.variant = arg   # recorded with the run: config.json, summary.json, metrics.jsonl
   config.seed = 0
 
   config.task = common.arith_task()

@@ -21,6 +21,7 @@ NAME_TO_FLOAT = _NameToFloat()
 # ints are accepted where a float is expected; a bool is never accepted as an int or float.
 SCHEMA: dict[str, Any] = {
     'name': str,
+    'variant': str,   # the recipe's get_config(arg) argument, e.g. 'tiny' ('' = the full recipe)
     'seed': int,
     'init_from': str,   # orbax params dir; '' = random init
     'task': {'name': str, 'data_dir': str, 'max_prompt_len': int,
@@ -93,6 +94,7 @@ RL_SECTIONS = ('rollout', 'rewards', 'algo')
 OPTIONAL_SECTIONS = ('monitor', 'faults', 'scaling')
 # Keys a recipe may leave out; code reading them uses config.<section>.get(key, default).
 OPTIONAL_KEYS = frozenset({
+    'variant',                      # unknown when left out (a recipe of one's own may not say)
     'model.path',                   # default '' (the model config.model describes)
     'model.remat',                  # default 'none': see rft_jax/models/llama.py ModelConfig
     'model.scan_layers',            # default False: see rft_jax/models/llama.py ModelConfig

@@ -10,13 +10,16 @@ from rft_jax import scaling
 from tools import scaling as cli
 
 
-def write_log(workdir, *, evals=16, every=5, total_steps=None, with_flops=True):
-  """A metrics.jsonl: the base eval at step 0, then `evals` evals on a noisy sigmoid."""
+def write_log(workdir, *, evals=16, every=5, total_steps=None, with_flops=True, variant=None):
+  """A metrics.jsonl: the base eval at step 0, then `evals` evals on a noisy sigmoid; the start
+  record names the recipe grpo_arith (and `variant`, unless None: a log of before runs recorded
+  it)."""
   os.makedirs(workdir, exist_ok=True)
   rng = np.random.default_rng(0)
   steps = evals * every
   lines = [{'step': 0, 'kind': 'start', 'total_steps': total_steps or steps,
-            'config': {'recipe': 'grpo_arith'}},
+            'config': {'recipe': 'grpo_arith',
+                       **({} if variant is None else {'variant': variant})}},
            {'step': 0, 'kind': 'eval', 'eval/base_greedy_acc': 0.3}]
   for step in range(1, steps + 1):
     rec = {'step': step, 'kind': 'train', 'response/len_mean': 3.0}
@@ -76,3 +79,27 @@ def test_flops_from_the_recipe_named_in_the_log_are_said_to_be_a_guess(tmp_path,
   assert cli.main(['fit', str(tmp_path / 'run'), '--n-boot', '20', '--config',
                    'configs/grpo_arith.py:tiny']) == 0
   assert 'warning' not in capsys.readouterr().err
+
+
+def test_flops_from_a_log_use_the_variant_it_records(tmp_path, capsys):
+  """Runs record their recipe's variant (config.variant, in the start record); the FLOPs of a
+  log without its config.json were counted from the full recipe (16x a :tiny run's), with a
+  warning that the variant was unknown."""
+  from configs import grpo_arith  # pylint: disable=g-import-not-at-top
+  from rft_jax.telemetry import flops  # pylint: disable=g-import-not-at-top
+  write_log(tmp_path / 'run', with_flops=False, total_steps=4, variant='tiny')
+  assert cli.main(['fit', str(tmp_path / 'run'), '--n-boot', '20']) == 0
+  assert capsys.readouterr().err == ''
+  doc = json.loads((tmp_path / 'run' / 'scaling' / 'scaling_fit.json').read_text())
+  per_step = flops.step_flops_from_config(grpo_arith.get_config('tiny'), 3.0)['total']
+  assert doc['runs'][0]['points']['compute'][0] == pytest.approx(5 * per_step)
+  assert doc['runs'][0]['compute_source'] == (
+      'step_flops from configs/grpo_arith.py:tiny (the recipe and variant named in the log; its '
+      'overrides are unknown)')
+  write_log(tmp_path / 'full', with_flops=False, total_steps=80, variant='')   # the full recipe
+  assert cli.main(['fit', str(tmp_path / 'full'), '--n-boot', '20']) == 0
+  err = capsys.readouterr().err
+  assert err.startswith(f'warning: {tmp_path}/full: no config.json beside the log, so FLOPs are '
+                        'counted from configs/grpo_arith.py, the recipe and variant named in the '
+                        "log, without any overrides the run used; the log's run had 80 steps, "
+                        'the recipe has 150'), err

@@ -137,6 +137,18 @@ def test_a_run_without_the_monitor_does_not_report_0_incidents(tmp_path, capsys)
   assert 'monitor off' in row, row
 
 
+def test_a_run_records_its_recipes_variant(tmp_path):
+  """config.name is 'grpo_arith' for the full recipe and its :tiny variant alike, and the
+  variant was recorded nowhere (tools.scaling warned that it was unknown when it counted a
+  log's FLOPs from the recipe). Now config.json, summary.json and the log's start record say it."""
+  config = tiny_config(**{'train.steps': 1, 'train.eval_every': 1, 'monitor.mode': 'off'})
+  assert trainer.run(config, str(tmp_path))['variant'] == 'tiny'
+  for name in ('config.json', 'summary.json'):
+    assert json.loads((tmp_path / name).read_text())['variant'] == 'tiny', name
+  [start] = read_jsonl(str(tmp_path / 'metrics.jsonl'), kind='start')
+  assert start['config']['recipe'] == 'grpo_arith' and start['config']['variant'] == 'tiny'
+
+
 def test_a_truncated_sampler_is_announced_and_shows_in_the_mismatch_metric(tmp_path):
   """top_k / top_p: the run says at start-up that the update scores under the full softmax, and
   the gap it names (mismatch/k3: exp(d) - d - 1, d = trainer - sampler log-prob) is far above

@@ -14,9 +14,10 @@ C = 0. Compute, in this order of preference:
   2. else summed per step from the recipe with rft_jax.telemetry.flops.step_flops_from_config
      and each step's logged `response/len_mean` (max_new_tokens if not logged). The config is
      `--config FILE[:ARG]`, else the run's own `config.json` (the config it ran with,
-     overrides included), else configs/<recipe>.py for the recipe named in the log's start
-     record (a log without its run directory): the full recipe, since the log records neither
-     its variant (`:tiny`) nor overrides; a warning on stderr says so.
+     overrides included), else configs/<recipe>.py[:variant] for the recipe and variant named
+     in the log's start record (a log without its run directory). The log does not record
+     overrides, nor, before runs recorded it, the variant (then the full recipe is used): a
+     warning on stderr says so when the variant is unknown or the step count differs.
 After a remediation rewind (monitor.mode='auto') the log holds the abandoned steps, then the
 redone ones: the evals fitted are those of the final trajectory (`rft_jax.telemetry.records.
 final_trajectory`; an abandoned step's eval is dropped), while the x stays all the compute spent
@@ -103,13 +104,20 @@ def _step_cost(config, record) -> float:
   return flops.step_flops_from_config(config, float(gen))['total']
 
 
-def _warn_recipe_guess(run: str, spec: str, config, records) -> None:
-  """One line on stderr: FLOPs counted from the full recipe named in the log, which may not be
-  what ran (a `:tiny` variant has other batch sizes; the log records neither it nor overrides)."""
-  logged = next((r.get('total_steps') for r in records if r.get('kind') == 'start'), None)
-  steps = config.get('train', {}).get('steps')
-  differs = (f'; the log\'s run had {logged} steps, the recipe has {steps}, so it was not the '
-             'full recipe' if logged and steps and logged != steps else '')
+def _warn_recipe_guess(run: str, spec: str, config, start: dict) -> None:
+  """One line on stderr when the FLOPs counted from the recipe named in the log's start record
+  may not be what ran: its variant unrecorded (a log written before runs recorded it: the full
+  recipe is used, while `:tiny` has other batch sizes), or its step count not the log's
+  (overrides, which the log does not record)."""
+  logged, steps = start.get('total_steps'), config.get('train', {}).get('steps')
+  differs = (f'; the log\'s run had {logged} steps, the recipe has {steps}, so it was not '
+             f'{spec} as it stands' if logged and steps and logged != steps else '')
+  if 'variant' in start.get('config', {}):
+    if differs:
+      print(f'warning: {run}: no config.json beside the log, so FLOPs are counted from {spec}, '
+            f'the recipe and variant named in the log, without any overrides the run used'
+            f'{differs}; pass --config FILE[:ARG] with what the run ran', file=sys.stderr)
+    return
   print(f'warning: {run}: no config.json beside the log, so FLOPs are counted from {spec}, the '
         f'full recipe named in the log, not any variant (e.g. :tiny) or overrides the run '
         f'used{differs}; pass --config FILE[:ARG] with what the run ran', file=sys.stderr)
@@ -137,18 +145,20 @@ def load_run(run: str, metric: str | None, config_spec: str | None) -> dict[str,
       config = ml_collections.ConfigDict(json.load(f))
     source = f'step_flops from {recorded}'
   elif not logged:
-    recipe = next((r.get('config', {}).get('recipe') for r in records
-                   if r.get('kind') == 'start'), None)
-    spec = config_spec or (f'configs/{recipe}.py' if recipe and
-                           os.path.isfile(f'configs/{recipe}.py') else None)
+    start = next((r for r in records if r.get('kind') == 'start'), {})
+    recipe, variant = start.get('config', {}).get('recipe'), start.get('config', {}).get('variant')
+    spec = config_spec or (f'configs/{recipe}.py' + (f':{variant}' if variant else '')
+                           if recipe and os.path.isfile(f'configs/{recipe}.py') else None)
     if spec is None:
       raise UsageError(f'{run}: no {_FLOPS_KEY} logged and no config to compute it from '
                        f'(recipe {recipe!r}); pass --config FILE[:ARG]')
     config = load_config(spec)
     source = f'step_flops from {spec}'
     if not config_spec:
-      source += ' (the recipe named in the log; its variant and overrides are unknown)'
-      _warn_recipe_guess(run, spec, config, records)
+      source += (' (the recipe named in the log; its variant and overrides are unknown)'
+                 if variant is None else ' (the recipe and variant named in the log; its '
+                 'overrides are unknown)')
+      _warn_recipe_guess(run, spec, config, start)
   if config is not None and 'rollout' not in config:   # SFT, offline DPO: no rollouts to count
     raise UsageError(f'{run}: no {_FLOPS_KEY} logged, and step_flops counts the rollouts of an '
                      f'RL recipe; {config.get("name", "this recipe")} has none (SFT, DPO)')
