@@ -250,6 +250,18 @@ def test_console_of_a_complete_run_prints_no_step_line():
       'step 5/6', 'step 6/6']
 
 
+def test_console_start_line_leaves_out_empty_values():
+  """The full recipe's variant is '' (recorded in the log, where tools.scaling reads it): the
+  console's start line leaves it out rather than print 'variant=' with nothing after it."""
+  buf = io.StringIO()
+  sink = sinks.ConsoleSink(console=Console(file=buf, width=120))
+  sink.on_start(0, 6, {'recipe': 'grpo_arith', 'variant': '', 'params': '1,000'})
+  sink.on_start(0, 6, {'recipe': 'grpo_arith', 'variant': 'tiny'})
+  out = buf.getvalue()
+  assert 'recipe=grpo_arith  params=1,000' in out and 'variant=tiny' in out, out
+  assert 'variant= ' not in out and not out.rstrip().endswith('variant='), out
+
+
 def test_finish_run_without_jsonl_says_why_there_is_no_plot(tmp_path):
   """run.png is drawn from metrics.jsonl: with telemetry.jsonl off there is none, and the run
   says so instead of skipping it silently."""

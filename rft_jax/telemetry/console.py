@@ -130,7 +130,8 @@ class ConsoleSink(Hook):
     self._last_printed = step   # a complete run's second invocation prints no step line
     self._started = True
     if config_summary:
-      self._print('  '.join(f'{k}={v}' for k, v in config_summary.items()))
+      # (an empty value, e.g. the full recipe's variant '', is left out)
+      self._print('  '.join(f'{k}={v}' for k, v in config_summary.items() if v != ''))
     if self._live:
       self._progress = Progress(
           SpinnerColumn(), TextColumn('[bold]train'), BarColumn(),
