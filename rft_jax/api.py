@@ -1,7 +1,7 @@
 """Python API: load a recipe, override fields, train, look at the run, sample and evaluate.
 
 The same code as the command line (`python -m rft_jax.main`, which is a thin layer over
-`load_recipe` and `run_config` here), for notebooks and scripts:
+`load_recipe` (rft_jax/recipes.py) and `run_config` here), for notebooks and scripts:
 
   from rft_jax import api
   config = api.load_config('grpo_arith:tiny', {'train.steps': 8})   # or configs/x.py[:arg]
@@ -23,9 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import importlib.util
 import os
-import sys
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -34,9 +32,12 @@ import ml_collections
 
 from rft_jax import config as config_lib
 from rft_jax import jsonfile
-from rft_jax.config import ConfigError
+from rft_jax.config import ConfigError  # noqa: F401  (api.ConfigError)
 from rft_jax.policy import (  # noqa: F401
     Policy, check_arg, choose_mesh, evaluate, load_policy, sample)
+from rft_jax.recipes import (  # noqa: F401
+    RecipeError, apply_overrides, load_recipe, resolve_recipe)
+from rft_jax.recipes import one_line as _one_line  # noqa: F401  (main.py's)
 from rft_jax.telemetry.hooks import Recorder  # noqa: F401  (api.Recorder)
 from rft_jax.telemetry.records import final_trajectory
 
@@ -44,13 +45,6 @@ from rft_jax.telemetry.records import final_trajectory
 __all__ = ['load_config', 'train', 'open_run', 'Run', 'Recorder', 'Policy', 'load_policy',
            'sample', 'evaluate', 'choose_mesh', 'resolve_recipe', 'load_recipe',
            'apply_overrides', 'run_config', 'ConfigError', 'RecipeError']
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class RecipeError(ValueError):
-  """A recipe file that is missing, fails to import or returns no ConfigDict (one line)."""
-
 
 def __getattr__(name: str):
   """SetupError, TrainingError and Preempted live in modules that import JAX: loaded on use."""
@@ -63,112 +57,7 @@ def __getattr__(name: str):
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
-# --- Recipes and overrides -------------------------------------------------------------------
-
-def resolve_recipe(recipe: str) -> str:
-  """'grpo_arith[:arg]' or 'configs/grpo_arith.py[:arg]' -> 'path.py[:arg]'.
-
-  A bare name is configs/<name>.py under the current directory, else under the repository
-  this package was installed from. The shipped recipes find their assets (tokenizer, base
-  policy) from any directory (configs/common.py shipped_asset); other paths are relative to
-  the current directory, as for the CLI.
-  """
-  name, sep, arg = recipe.partition(':')
-  if name.endswith('.py') or os.sep in name:
-    return recipe
-  for root in ('', REPO_ROOT):
-    path = os.path.join(root, 'configs', name + '.py')
-    if os.path.isfile(path):
-      return path + sep + arg
-  return os.path.join('configs', name + '.py') + sep + arg
-
-
-def load_recipe(spec: str, origin: str | None = None) -> ml_collections.ConfigDict:
-  """Imports `path.py[:arg]` and returns its get_config(arg), unvalidated.
-
-  origin: how the user named it, for the error message (the CLI passes '--config=...').
-  Raises RecipeError (one line) for a missing file, an import error or a wrong return type.
-  """
-  path, *arg = spec.split(':', 1)
-  if not os.path.isfile(path):
-    raise RecipeError(f'config file not found: {path!r} (from {origin or repr(spec)}; relative '
-                      f'to {os.getcwd()}){_shipped_hint(path)}')
-  _add_import_root(path)
-  try:
-    module_spec = importlib.util.spec_from_file_location('_rft_jax_recipe', path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-  except Exception as e:  # pylint: disable=broad-except
-    raise RecipeError(f'config file {path!r} failed to load: {type(e).__name__}: '
-                      f'{_one_line(str(e))}') from None
-  # A recipe that lists its VARIANTS (the shipped ones do) rejects any other `:arg`, so a typo
-  # such as ':tinyy' cannot silently run the full recipe.
-  variants, variant = getattr(module, 'VARIANTS', None), arg[0] if arg else ''
-  if variants is not None and variant not in variants:
-    known = ', '.join(repr(v) for v in variants if v) or 'none'
-    bare = ' (or no variant)' if '' in variants else ''
-    raise RecipeError(f'config file {path!r}: unknown variant {variant!r} (from '
-                      f'{origin or repr(spec)}); its variants: {known}{bare}')
-  try:
-    config = module.get_config(*arg)
-  except Exception as e:  # pylint: disable=broad-except
-    raise RecipeError(f'config file {path!r} failed to load: {type(e).__name__}: '
-                      f'{_one_line(str(e))}') from None
-  if not isinstance(config, ml_collections.ConfigDict):
-    raise RecipeError(f'config file {path!r}: get_config() returned {type(config).__name__}, '
-                      'not a ConfigDict')
-  return config
-
-
-def _shipped_hint(path: str) -> str:
-  """'; shipped recipes: ...' (closest first when one is close), for a recipe not found."""
-  shipped = sorted(f[:-3] for f in os.listdir(os.path.join(REPO_ROOT, 'configs'))
-                   if f.endswith('.py') and f not in ('__init__.py', 'common.py'))
-  name = os.path.basename(path).removesuffix('.py')
-  return f'{config_lib.did_you_mean(name, shipped)}; shipped recipes: {", ".join(shipped)}'
-
-
-def _add_import_root(path: str) -> None:
-  """Lets a recipe in a package dir (configs/) import its siblings as `configs.common`."""
-  directory = os.path.dirname(os.path.abspath(path))
-  if os.path.isfile(os.path.join(directory, '__init__.py')):
-    root = os.path.dirname(directory)
-    if root not in sys.path:
-      sys.path.insert(0, root)
-
-
-def apply_overrides(config: ml_collections.ConfigDict,
-                    overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  """Sets dotted keys ({'optim.lr': 1e-4}) in place; returns `config`.
-
-  Raises ConfigError naming the key: an unknown key (with a did-you-mean hint), a section
-  replaced by a value, or a value of the wrong type (an int is accepted for a float). An
-  optional key the recipe leaves out (config_schema.OPTIONAL_KEYS) is added, as on the CLI.
-  """
-  for key, value in overrides.items():
-    value = config_lib.plain_value(value)   # np.int64(3) -> 3
-    section, _, name = key.rpartition('.')
-    if key in config_lib.OPTIONAL_KEYS and section in config and name not in config[section]:
-      with config.unlocked():   # an optional key the recipe leaves out, set as the CLI sets it
-        config[section][name] = config_lib.optional_value(key, value)
-      continue
-    node, parts = config, key.split('.')
-    for i, part in enumerate(parts):
-      if not isinstance(node, ml_collections.ConfigDict):
-        raise ConfigError('.'.join(parts[:i]), f'is a value, not a section (in override {key!r})',
-                          node)
-      if part not in node:
-        raise ConfigError(key, 'unknown key' + config_lib.key_hint(parts[:i + 1], node.keys()))
-      node = node[part]
-    if isinstance(node, ml_collections.ConfigDict) and not isinstance(value, Mapping):
-      raise ConfigError(key, f'is a section; got {config_lib.type_name(value)}', value)
-    try:
-      config.update_from_flattened_dict({key: value})
-    except (TypeError, ValueError):
-      raise ConfigError(key, f'expected {config_lib.type_name(node)}, got '
-                        f'{config_lib.type_name(value)}', value) from None
-  return config
-
+# --- Recipes and overrides (rft_jax/recipes.py) ----------------------------------------------
 
 def load_config(recipe: str, overrides: Mapping[str, Any] | None = None,
                 **kw_overrides: Any) -> ml_collections.ConfigDict:
@@ -386,12 +275,3 @@ class Run:
     name = self.config.name if self.config is not None else '?'
     return (f'Run({name!r}, workdir={self.workdir!r}, steps={len(self.history)}, '
             f'evals={len(self.evals)}, incidents={len(self.incidents)})')
-
-
-def _one_line(text: str) -> str:
-  """The first line of an error message; when it only announces what follows ('Error whilst
-  parsing config file:'), with the last line, where a traceback names the exception."""
-  lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-  if len(lines) > 1 and lines[0].endswith(':'):
-    return f'{lines[0]} {lines[-1]}'
-  return lines[0] if lines else text.strip()
