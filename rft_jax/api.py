@@ -5,6 +5,7 @@ The same code as the command line (`python -m rft_jax.main`, which is a thin lay
 
   from rft_jax import api
   config = api.load_config('grpo_arith:tiny', {'train.steps': 8})   # or configs/x.py[:arg]
+  api.validate(config)                       # --validate_only: files, devices (optional)
   run = api.train(config)                    # progress bar in a terminal or a notebook
   run.history[-1]['reward/mean']             # one dict per step (its last record in metrics.jsonl)
   run.evals, run.incidents, run.summary      # held-out evals, monitor incidents, summary.json
@@ -42,8 +43,8 @@ from rft_jax.telemetry.hooks import Recorder  # noqa: F401  (api.Recorder)
 from rft_jax.telemetry.records import final_trajectory
 
 # Also attributes, loaded on use (they import JAX): SetupError, TrainingError, Preempted.
-__all__ = ['load_config', 'train', 'open_run', 'Run', 'Recorder', 'Policy', 'load_policy',
-           'sample', 'evaluate', 'choose_mesh', 'resolve_recipe', 'load_recipe',
+__all__ = ['load_config', 'validate', 'train', 'open_run', 'Run', 'Recorder', 'Policy',
+           'load_policy', 'sample', 'evaluate', 'choose_mesh', 'resolve_recipe', 'load_recipe',
            'apply_overrides', 'run_config', 'ConfigError', 'RecipeError']
 
 def __getattr__(name: str):
@@ -74,6 +75,19 @@ def load_config(recipe: str, overrides: Mapping[str, Any] | None = None,
   apply_overrides(config, merged)
   config_lib.validate(config)
   return config
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """What the CLI's `--validate_only` checks, building nothing: the config (ConfigError), then
+  the files and devices it names (components.check_setup: model.path's config.json and weight
+  headers, the tokenizer, init_from's shapes, GSM8K's data, config.mesh against the devices
+  here; SetupError), one line each. None when `train(config)` can start. `config` is not
+  modified; JAX starts on the devices, as train() would."""
+  check_arg('validate', config, 'config')
+  config = copy.deepcopy(config)
+  config_lib.validate(config)
+  from rft_jax import components  # pylint: disable=g-import-not-at-top
+  components.check_setup(config)
 
 
 # --- Running ---------------------------------------------------------------------------------

@@ -10,9 +10,9 @@ added, parsed as its schema type. `--workdir`
 defaults to `runs/<config.name>`. A recipe with a `sft` section runs `rft_jax.sft.run`, one with a
 `dpo` section `rft_jax.dpo_trainer.run` (offline or online DPO), any other the RL trainer
 `rft_jax.trainer.run`. `--validate_only` checks the config and the files it names
-(components.check_setup: model.path's config.json, init_from's shapes, config.mesh against the
-devices, the tokenizer, GSM8K's data), prints
-'config OK' and exits. The same steps are a Python API: rft_jax/api.py.
+(api.validate, components.check_setup: model.path's config.json, init_from's shapes,
+config.mesh against the devices, the tokenizer, GSM8K's data), prints 'config OK' and exits.
+The same steps are a Python API: rft_jax/api.py.
 
 Any bad input (a missing or broken config file, an unknown override key, an override that does
 not parse, a config that fails `rft_jax.config.validate`) prints ONE line starting with 'error: '
@@ -62,10 +62,9 @@ def main(argv: Sequence[str]) -> int:
     # The device count (config.mesh) starts JAX's backend, allocating nothing: on a GPU that a
     # run already trains on, JAX's default 75% preallocation would fail or take its memory.
     os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
-    from rft_jax import components  # pylint: disable=g-import-not-at-top
     try:
-      components.check_setup(config)
-    except components.SetupError as e:
+      api.validate(config)   # components.check_setup, as in Python
+    except api.SetupError as e:
       print(f'error: {_one_line(str(e))}', file=sys.stderr)
       return USAGE_ERROR
     print('config OK')

@@ -59,6 +59,30 @@ def test_bad_value_is_the_clis_one_line_error():
   assert str(e.value) == 'config.rollout.group_size=1: GRPO needs at least 2 completions per prompt'
 
 
+def test_validate_runs_the_clis_validate_only_checks():
+  """api.validate is --validate_only in Python (it had none): the config, then the files and
+  devices it names (components.check_setup), with the CLI's one-line errors; config untouched."""
+  config = api.load_config('grpo_arith:tiny')
+  before = config.to_dict()
+  assert api.validate(config) is None and config.to_dict() == before
+  not_a_tokenizer = os.path.join(REPO, 'README.md')
+  bad = api.load_config('grpo_arith:tiny', {'tokenizer.path': not_a_tokenizer})
+  with pytest.raises(api.SetupError) as e:
+    api.validate(bad)
+  cli = subprocess.run(
+      [sys.executable, '-m', 'rft_jax.main', '--config', 'grpo_arith:tiny',
+       f'--config.tokenizer.path={not_a_tokenizer}', '--validate_only'],
+      cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+  assert cli.returncode == 2
+  assert cli.stderr.strip().splitlines()[-1] == f'error: {e.value}'
+  assert str(e.value).startswith('config.tokenizer.path: unsupported tokenizer file')
+  config.rollout.group_size = 1   # set after load_config: validate checks the config too
+  with pytest.raises(api.ConfigError, match=r'^config\.rollout\.group_size=1: GRPO needs'):
+    api.validate(config)
+  with pytest.raises(TypeError, match=r"^validate: expected a ConfigDict, got str; pass "):
+    api.validate('grpo_arith:tiny')
+
+
 @pytest.mark.parametrize('overrides,message', [
     ({'rollout.tempreature': 0.5},
      "config.rollout.tempreature: unknown key (did you mean 'temperature'?)"),
