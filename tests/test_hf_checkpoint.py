@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -171,6 +172,23 @@ def test_export_loads_in_transformers(hf_models, tmp_path, name, dtype, shard_by
     for (n, p), (_, q) in zip(back.named_parameters(), model.named_parameters()):
       np.testing.assert_array_equal(p.detach().numpy(),
                                     q.detach().to(torch.bfloat16).float().numpy(), err_msg=n)
+
+
+@pytest.mark.parametrize('umask', [0o022, 0o027])
+def test_exported_files_follow_the_umask(tmp_path, umask):
+  """Exported weights get config.json's mode from the umask (safetensors 0.8 wrote 0600)."""
+  cfg = lm.ModelConfig(VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+  params = nnx.to_pure_dict(lm.create(cfg)[1])
+  previous = os.umask(umask)
+  try:
+    for out, shard_bytes in (('single', 2 << 30), ('sharded', 10_000)):
+      files = hc.save_hf(str(tmp_path / out), params, cfg, max_shard_bytes=shard_bytes)
+      assert (hc.INDEX in files) == (out == 'sharded')
+      modes = {f: os.stat(tmp_path / out / f).st_mode & 0o777 for f in files}
+      assert modes == dict.fromkeys(files, 0o666 & ~umask), modes
+  finally:
+    os.umask(previous)
 
 
 def test_sharded_load_on_8_devices_equals_single_device(hf_models):

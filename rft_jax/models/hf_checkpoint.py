@@ -159,6 +159,18 @@ def _host_array(x: jax.Array) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
+def _save_file(tensors: dict[str, np.ndarray], path: str) -> None:
+  """safetensors' save_file, the file's mode that of any file open() makes (0666 less the
+  umask, as config.json): safetensors 0.8 writes 0600, which other users cannot read."""
+  with contextlib.suppress(FileNotFoundError):
+    os.remove(path)   # a stale temporary file of an export that died keeps its own mode
+  with open(path, 'xb'):
+    pass
+  mode = os.stat(path).st_mode & 0o777
+  save_file(tensors, path, metadata={'format': 'pt'})
+  os.chmod(path, mode)
+
+
 def save_hf(out_dir: str, params: dict, model_cfg: ModelConfig, *, dtype: str | None = None,
             max_shard_bytes: int = 2 << 30, architecture: str | None = None,
             extra_config: dict | None = None) -> list[str]:
@@ -190,7 +202,7 @@ def save_hf(out_dir: str, params: dict, model_cfg: ModelConfig, *, dtype: str | 
   def flush():
     if writer:
       tmp_files.append(os.path.join(out_dir, f'.shard{len(tmp_files)}.tmp'))
-      save_file(shards[-1], tmp_files[-1], metadata={'format': 'pt'})
+      _save_file(shards[-1], tmp_files[-1])
     shards[-1] = {}
 
   names, shard_of = _tensor_names(model_cfg), {}
