@@ -191,6 +191,28 @@ def open_run(workdir: str, config: ml_collections.ConfigDict | None = None) -> R
              mesh_from_record=from_record)
 
 
+RECORD_KINDS = ('start', 'train', 'eval', 'message', 'incident', 'action', 'verdict', 'end')
+
+
+def _check_series(records: list[dict[str, Any]], key: str, kind: str) -> None:
+  """ValueError (one line) for a `kind` neither in RECORD_KINDS nor logged, or a `key` that
+  no record of `kind` in the full log has (abandoned steps count). A metric is known from
+  what the run logged: an eval's 'eval/X' and step 0's 'eval/base_X' make each other known
+  (a later eval has not run yet); with no record of `kind` yet, any `key` passes."""
+  kinds = set(RECORD_KINDS) | {r['kind'] for r in records if isinstance(r.get('kind'), str)}
+  if kind not in kinds:
+    raise ValueError(f'series: no record kind {kind!r}{config_lib.did_you_mean(kind, kinds)}; '
+                     f'kinds: {", ".join(sorted(kinds))}')
+  names = {name for r in records if r.get('kind') == kind for name in r} - {'step', 'kind'}
+  if kind == 'eval':
+    names |= ({n.replace('eval/base_', 'eval/', 1) for n in names}
+              | {n.replace('eval/', 'eval/base_', 1) for n in names
+                 if n.startswith('eval/') and not n.startswith('eval/base_')})
+  if names and key not in names:
+    hint = config_lib.did_you_mean(key, names) or f'; known: {", ".join(sorted(names))}'
+    raise ValueError(f'series: no {kind!r} record of this run logged {key!r}{hint}')
+
+
 def _read_json(path: str, remedy: str) -> dict:
   """A JSON object file of a run -> its dict; ValueError naming the file when it is not one."""
   try:
@@ -261,7 +283,10 @@ class Run:
   def series(self, key: str, kind: str = 'train') -> tuple[list[int], list[float]]:
     """(steps, values) of one metric over the records of `kind` that have it: for 'train' and
     'eval' those of `history` / `evals` (the final trajectory, each step once), for another
-    kind every one in the full log, in file order."""
+    kind every one in the full log, in file order. ValueError (one line, did-you-mean) for a
+    `key` that no record of `kind` logged (`_check_series`); a known one with no values in
+    the final trajectory yet gives ([], [])."""
+    _check_series(self.records, key, kind)
     rows = [r for r in (self._final(kind) if kind in ('train', 'eval') else self._kind(kind))
             if key in r]
     return [r['step'] for r in rows], [r[key] for r in rows]

@@ -170,6 +170,37 @@ def test_a_rewound_run_reads_as_its_final_trajectory(tmp_path, monkeypatch):
   assert api.open_run(f'~/{tmp_path.name}').workdir == str(tmp_path)
 
 
+def test_series_of_a_metric_the_run_never_logged_is_a_one_line_error():
+  """A typo was an empty series, ([], []). Known names are what the run's records of that kind
+  logged (abandoned steps included); an eval's 'eval/X' and step 0's 'eval/base_X' make each
+  other known; a run with no record of the kind yet has nothing to check against."""
+  started = [{'step': 0, 'kind': 'start', 'total_steps': 4},
+             {'step': 0, 'kind': 'eval', 'eval/base_greedy_acc': 0.1}]
+  run = api.Run(config=None, workdir='/w', summary={}, records=started + [
+      {'step': 1, 'kind': 'train', 'loss': 1.0, 'reward/mean': 0.5},
+      {'step': 2, 'kind': 'train', 'loss': 2.0, 'reward/mean': 0.6, 'kl_coef': 0.1},
+      {'step': 2, 'kind': 'train', 'loss': 3.0, 'reward/mean': 0.7}])   # 2 redone: no kl_coef
+  with pytest.raises(ValueError, match=r"^series: no 'train' record of this run logged 'lsos' "
+                                       r"\(did you mean 'loss'\?\)$"):
+    run.series('lsos')
+  with pytest.raises(ValueError, match=r"^series: no 'train' record of this run logged 'zzz'; "
+                                       r"known: kl_coef, loss, reward/mean$"):
+    run.series('zzz')
+  with pytest.raises(ValueError, match=r"^series: no record kind 'trian' \(did you mean "
+                                       r"'train'\?\); kinds: action, end, eval, incident, "):
+    run.series('loss', kind='trian')
+  assert run.series('loss') == ([1, 2], [1.0, 3.0])
+  assert run.series('kl_coef') == ([], [])   # logged by the abandoned step 2 only
+  assert run.series('eval/greedy_acc', kind='eval') == ([], [])   # no eval after step 0 yet
+  assert run.series('eval/base_greedy_acc', kind='eval') == ([0], [0.1])
+  with pytest.raises(ValueError, match=r"logged 'eval/x'; known: eval/base_greedy_acc, "
+                                       r"eval/greedy_acc$"):
+    run.series('eval/x', kind='eval')
+  assert run.series('fault_class', kind='incident') == ([], [])   # no incident at all
+  fresh = api.Run(config=None, workdir='/w', summary={}, records=started)
+  assert fresh.series('loss') == ([], [])   # before its first step
+
+
 def test_train_leaves_the_config_alone(trained):
   config, before, run = trained
   assert config.to_dict() == before
