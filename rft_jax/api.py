@@ -172,12 +172,14 @@ def open_run(workdir: str, config: ml_collections.ConfigDict | None = None) -> R
 
   config: the run's recipe, needed by `Run.policy`; by default the one the run's latest
   invocation recorded in workdir/config.json (values JSON cannot hold were written as strings;
-  its mesh is replaced by one that fits the devices present when `policy` loads)."""
+  its mesh is replaced by one that fits the devices present when `policy` loads).
+  FileNotFoundError without metrics.jsonl, saying what the workdir is (a run trained with
+  telemetry.jsonl=False: then what it holds instead)."""
   workdir = os.path.expanduser(workdir)
   path = os.path.join(workdir, 'metrics.jsonl')
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f'{workdir}: no metrics.jsonl (not a run directory?)')
   recorded = os.path.join(workdir, 'config.json')
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'{workdir}: no metrics.jsonl{_no_records(workdir, recorded)}')
   from_record = config is None and os.path.isfile(recorded)
   if from_record:
     config = ml_collections.ConfigDict(_read_json(recorded, 'run the recipe again with --workdir '
@@ -189,6 +191,30 @@ def open_run(workdir: str, config: ml_collections.ConfigDict | None = None) -> R
                                        "from its checkpoint")
   return Run(config=config, workdir=workdir, summary=summary, records=_read_records(path),
              mesh_from_record=from_record)
+
+
+def _no_records(workdir: str, recorded: str) -> str:
+  """What a workdir without metrics.jsonl is, for open_run's error: no run, or a run whose
+  telemetry.jsonl was off (then what it does hold: summary, checkpoints, TensorBoard events)."""
+  if not os.path.isfile(recorded):
+    return ' (not a run directory?)'
+  try:
+    jsonl = jsonfile.read_object(recorded)['telemetry']['jsonl']
+  except (ValueError, KeyError, TypeError):   # torn, or not a recipe's: as if it wrote one
+    jsonl = True
+  if jsonl:
+    return (', though the run writes it (telemetry.jsonl=True): deleted, or the run stopped '
+            'before its telemetry started?')
+  have = []
+  if os.path.isfile(os.path.join(workdir, 'summary.json')):
+    have.append('summary.json (its summary)')
+  if os.path.isdir(os.path.join(workdir, 'checkpoints')):
+    have.append(f'checkpoints/ (api.load_policy(config, {workdir!r}) loads the latest)')
+  if os.path.isdir(os.path.join(workdir, 'tb')):
+    have.append('tb/ (TensorBoard events)')
+  return (': the run was trained with telemetry.jsonl=False, which keeps no step records on '
+          f'disk{"; it has " * bool(have)}{", ".join(have)}; open_run needs '
+          "telemetry.jsonl=True (api.train's own Run holds its records in memory)")
 
 
 RECORD_KINDS = ('start', 'train', 'eval', 'message', 'incident', 'action', 'verdict', 'end')

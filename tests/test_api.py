@@ -201,6 +201,29 @@ def test_series_of_a_metric_the_run_never_logged_is_a_one_line_error():
   assert fresh.series('loss') == ([], [])   # before its first step
 
 
+def test_open_run_without_metrics_jsonl_says_what_the_workdir_is(tmp_path):
+  """A run trained with telemetry.jsonl=False was 'no metrics.jsonl (not a run directory?)':
+  it is a run, without step records on disk; the error names what the workdir does have."""
+  with pytest.raises(FileNotFoundError, match=r': no metrics\.jsonl \(not a run directory\?\)$'):
+    api.open_run(str(tmp_path))
+  (tmp_path / 'config.json').write_text(json.dumps({'name': 'x', 'telemetry': {'jsonl': False}}))
+  (tmp_path / 'summary.json').write_text('{"steps": 3}')
+  (tmp_path / 'checkpoints').mkdir()
+  (tmp_path / 'tb').mkdir()
+  with pytest.raises(FileNotFoundError) as e:
+    api.open_run(str(tmp_path))
+  assert str(e.value) == (
+      f'{tmp_path}: no metrics.jsonl: the run was trained with telemetry.jsonl=False, which '
+      'keeps no step records on disk; it has summary.json (its summary), checkpoints/ '
+      f"(api.load_policy(config, {str(tmp_path)!r}) loads the latest), tb/ (TensorBoard "
+      "events); open_run needs telemetry.jsonl=True (api.train's own Run holds its records "
+      'in memory)')
+  (tmp_path / 'config.json').write_text(json.dumps({'name': 'x', 'telemetry': {'jsonl': True}}))
+  with pytest.raises(FileNotFoundError, match=r': no metrics\.jsonl, though the run writes it '
+                                              r'\(telemetry\.jsonl=True\): deleted'):
+    api.open_run(str(tmp_path))
+
+
 def test_train_leaves_the_config_alone(trained):
   config, before, run = trained
   assert config.to_dict() == before
