@@ -17,7 +17,16 @@ The same steps are a Python API: rft_jax/api.py.
 Any bad input (a missing or broken config file, an unknown override key, an override that does
 not parse, a config that fails `rft_jax.config.validate`) prints ONE line starting with 'error: '
 on stderr and exits with status 2, without a traceback and without importing JAX.
+
+SIGTERM from the command's start to its first step stops it at once with one line on stderr,
+exit 75 (Ctrl-C: 130); in the step loop the step is finished and checkpointed first (exit 75).
 """
+from rft_jax import stop_signals
+
+if __name__ == '__main__':   # first thing: a signal in the imports below is not a silent exit 143
+  stop_signals.install_start_handlers()
+
+# pylint: disable=wrong-import-position
 import ast
 import os
 import re
@@ -32,12 +41,11 @@ from ml_collections import config_flags
 
 from rft_jax import api
 from rft_jax import config as config_lib
+# pylint: enable=wrong-import-position
 
 USAGE_ERROR = 2
 _HELP_ARGS = ('-h', '--help', '-help', '--helpshort', '--helpfull')
-
-
-PREEMPTED = 75   # EX_TEMPFAIL: stopped by SIGTERM/SIGINT with a checkpoint; rerun to resume
+PREEMPTED = stop_signals.PREEMPTED   # stopped by SIGTERM/SIGINT; rerun the same command
 
 
 class UsageError(Exception):
@@ -76,13 +84,13 @@ def main(argv: Sequence[str]) -> int:
   if not flags.FLAGS.is_parsed():  # absl.logging warns until the global flags are parsed.
     flags.FLAGS.mark_as_parsed()
   # pylint: disable-next=g-import-not-at-top
-  from rft_jax import compile_cache, components, runs, stop_signals
+  from rft_jax import compile_cache, components, runs
   compile_cache.enable()   # compiled programs are kept on disk for the next run
-  # SIGTERM during set-up stops at once (exit 75); the step loop then installs its own handler,
-  # which finishes the current step and checkpoints first (runs.StopRequest).
+  # SIGTERM during set-up stops at once (exit 75), Ctrl-C too (KeyboardInterrupt, exit 130);
+  # the step loop then installs its own handler, which finishes the current step and
+  # checkpoints first (runs.StopRequest).
   in_main_thread = threading.current_thread() is threading.main_thread()
-  previous_sigterm = (signal.signal(signal.SIGTERM, runs.preempt_at_once) if in_main_thread
-                      else None)
+  previous_handlers = stop_signals.set_up_handlers() if in_main_thread else {}
   previous_unraisable, sys.unraisablehook = (
       sys.unraisablehook, stop_signals.quiet_unraisable(sys.unraisablehook))
   try:
@@ -114,10 +122,10 @@ def main(argv: Sequence[str]) -> int:
   except KeyboardInterrupt:
     print(f'interrupted; resume with the same command (workdir {workdir})', file=sys.stderr)
     _INTERRUPTED[0] = True
-    return 130
+    return stop_signals.INTERRUPTED
   finally:
-    if in_main_thread:
-      signal.signal(signal.SIGTERM, previous_sigterm)
+    for sig, handler in previous_handlers.items():
+      signal.signal(sig, handler)
     sys.unraisablehook = previous_unraisable
     stop_signals.PENDING.clear()
   return 0

@@ -8,6 +8,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from rft_jax.telemetry.sinks import read_jsonl
 
@@ -182,11 +183,47 @@ def test_sigterm_during_setup_exits_75_at_once(tmp_path):
   assert not os.path.isdir(os.path.join(workdir, 'checkpoints', '1'))
 
 
+# `python -m rft_jax.main ARGS` that signals itself (argv[2]) as it starts importing module
+# argv[1]: in the imports (absl, at the top of main.py) or just before the set-up's handler takes
+# over (rft_jax.runs, imported right before it): a deterministic point, no timing race.
+_SIGNAL_ON_IMPORT = """
+import importlib.abc, os, runpy, signal, sys
+module, sig = sys.argv[1:3]
+class SignalOnImport(importlib.abc.MetaPathFinder):
+  def find_spec(self, name, path=None, target=None):
+    if name == module:
+      sys.meta_path.remove(self)
+      os.kill(os.getpid(), getattr(signal, sig))   # its handler runs here, in the import
+    return None
+sys.meta_path.insert(0, SignalOnImport())
+sys.argv = ['main'] + sys.argv[3:]
+runpy.run_module('rft_jax.main', run_name='__main__', alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize('module, sig, status', [('absl', 'SIGTERM', 75),
+                                                 ('rft_jax.runs', 'SIGTERM', 75),
+                                                 ('absl', 'SIGINT', 130)])
+def test_a_signal_while_the_command_starts_stops_it_with_one_line(tmp_path, module, sig, status):
+  """SIGTERM in the command's imports and config checks, before the set-up's handler, stops it
+  at once as in the set-up: exit 75 and the one 'stopped:' line (was: killed by the signal, exit
+  143, nothing said; Ctrl-C: a KeyboardInterrupt traceback). Ctrl-C there: the same line, 130."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
+  workdir = str(tmp_path / 'start')
+  proc = subprocess.run([sys.executable, '-c', _SIGNAL_ON_IMPORT, module, sig,
+                         *command(workdir)[3:]], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=240)
+  assert proc.returncode == status, (proc.returncode, proc.stderr)
+  assert proc.stderr.splitlines() == [f'stopped: {sig} outside the step loop (set-up or '
+                                      'wrap-up): nothing new to save; run the same command '
+                                      'again to resume'], proc.stderr
+  assert not os.path.isdir(os.path.join(workdir, 'checkpoints'))
+
+
 def test_a_stopped_rl_run_writes_its_incident_report(tmp_path):
   """A SIGTERM (or Ctrl-C) stop writes incidents.md of the steps run, as the end of a run or
   an error does (it used to be missing after a stop), next to run.png; in process: a hook
   signals the run after its second step."""
-  import pytest   # pylint: disable=g-import-not-at-top
   from configs import grpo_arith   # pylint: disable=g-import-not-at-top
   from rft_jax import runs, trainer   # pylint: disable=g-import-not-at-top
   from rft_jax.telemetry.hooks import Hook   # pylint: disable=g-import-not-at-top
