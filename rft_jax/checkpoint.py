@@ -22,11 +22,12 @@ are deleted by renaming them to `<step>.deleting` first, so a deletion cut short
 for a checkpoint. Retention (`keep`) counts verified checkpoints only: an older one is removed only
 after a newer one is verified.
 
-Disk. Before saving, free space is compared with the size of the last checkpoint (or the state's
-bytes); too little space, or a write that fails, raises CheckpointSaveError and leaves the earlier
-checkpoints untouched. What to do then is the caller's policy (rft_jax/runs.py). A failed write is
-said in one line ('No space left on device (<dir>)'), orbax's tracebacks muted
-(rft_jax/checkpoint_errors.py).
+Disk. Before saving, free space is compared with 1.2 x the size of the last checkpoint, less the
+params items the next one leaves out, plus those it adds (Checkpointer._needed_bytes; the first
+checkpoint: the items' bytes in memory); too little space, or a write that fails, raises
+CheckpointSaveError and leaves the earlier checkpoints untouched. What to do then is the caller's
+policy (rft_jax/runs.py). A failed write is said in one line ('No space left on device (<dir>)'),
+orbax's tracebacks muted (rft_jax/checkpoint_errors.py).
 
 Multi-host: every process verifies; process 0 writes manifests and deletes (the directory is
 shared storage, as orbax requires).
@@ -58,7 +59,7 @@ BEFORE_RESET = 'reference_before_reset'   # the item an undo of a reference rese
 # TrainState fields that may be started afresh when a checkpoint's copy no longer fits (the
 # failure monitor's running statistics: it re-learns them in its warm-up).
 RESETTABLE_FIELDS = ('monitor',)
-_DISK_MARGIN = 1.2          # free space needed = margin * expected checkpoint size
+_DISK_MARGIN = 1.2          # free space needed = margin * _needed_bytes
 
 
 class CheckpointSaveError(OSError):
@@ -156,21 +157,39 @@ class Checkpointer:
     return gone
 
   def _needed_bytes(self, items: dict) -> int:
-    """Bytes the next checkpoint will take: the size of the latest one on disk (from its
-    manifest, or by walking it when it has none) plus the in-memory size of the params items
-    (reference, reference_before_reset) it lacks, else the in-memory size of `items`."""
+    """Bytes the next checkpoint will take. items: {'state': TrainState, 'reference': params or
+    None, BEFORE_RESET: params or None}, as save gets them (None: an item it does not write).
+    From the latest checkpoint on disk, its bytes per entry (_entry_bytes):
+
+      need = sum(bytes of its entries, less the params items `items` leaves out)
+             + tree_nbytes(the params items of `items` it lacks)
+
+    e.g. a latest of 5,100 bytes plus a 2,700-byte reference and a 2,700-byte
+    reference_before_reset, next saving only a reference: 5,100 + 2,700. No checkpoint on disk
+    yet: tree_nbytes(items)."""
     steps = self.all_steps()
     if not steps:
       return tree_nbytes(items)
-    step_dir = os.path.join(self.directory, str(steps[-1]))
+    on_disk = self._entry_bytes(steps[-1])
+    left_out = [k for k, v in items.items() if v is None]
+    added = [v for k, v in items.items() if v is not None and k not in on_disk]
+    return sum(n for k, n in on_disk.items() if k not in left_out) + tree_nbytes(added)
+
+  def _entry_bytes(self, step: int) -> dict[str, int]:
+    """{top-level entry of checkpoint `step` (an item's directory, a file): bytes of the files
+    under it}, from its manifest, or by walking it when it has none (unverified)."""
+    step_dir = os.path.join(self.directory, str(step))
     try:
       with open(os.path.join(step_dir, MANIFEST)) as f:
-        size = sum(size for size, _ in json.load(f)['files'].values())
+        files = {rel: size for rel, (size, _) in json.load(f)['files'].items()}
     except (OSError, ValueError, KeyError):   # unverified checkpoint: no manifest to read
-      size = sum(os.path.getsize(os.path.join(root, name))
-                 for root, _, names in os.walk(step_dir) for name in names)
-    return size + tree_nbytes([v for k, v in items.items() if k != 'state'
-                               and not os.path.isdir(os.path.join(step_dir, k))])
+      paths = [os.path.join(root, name) for root, _, names in os.walk(step_dir) for name in names]
+      files = {os.path.relpath(p, step_dir): os.path.getsize(p) for p in paths}
+    out = {}
+    for rel, size in files.items():
+      entry = rel.split(os.sep)[0]
+      out[entry] = out.get(entry, 0) + size
+    return out
 
   def save(self, step: int, state: Any, data_state: dict, meta: dict,
            reference: Any = None, reference_before_reset: Any = None) -> None:

@@ -3,6 +3,7 @@ reported), interrupted deletes, retention of verified checkpoints only, too litt
 and full-disk writes said in one plain line, and the failed-save policy (go on with a good
 checkpoint, else stop; the final and stop checkpoints must be saved)."""
 import gc
+import json
 import logging
 import os
 import shutil
@@ -12,7 +13,7 @@ import types
 import ml_collections
 import pytest
 
-from checkpoint_fixtures import TENSORSTORE_FULL, assert_trees_equal, make_state
+from checkpoint_fixtures import TENSORSTORE_FULL, assert_trees_equal, make_params, make_state
 from rft_jax import checkpoint
 from rft_jax import checkpoint_errors
 from rft_jax.checkpoint import Checkpointer
@@ -108,6 +109,35 @@ def test_too_little_disk_refuses_to_save_and_keeps_the_old(tmp_path, monkeypatch
                      r'checkpoint needs about \d+ MiB'):
     ckpt.save(2, make_state(2, steps=2), {}, {})
   assert ckpt.all_steps() == [1] and sorted(os.listdir(d)) == ['1']
+  ckpt.close()
+
+
+def test_the_space_asked_for_a_checkpoint_counts_the_items_it_writes(tmp_path):
+  """need = the latest checkpoint's bytes (its manifest), less its params items the next one
+  leaves out, plus the in-memory bytes of the params items the next one adds (the left-out ones
+  were counted too: one params' worth too many once a reset's undo was no longer watched). Hand
+  numbers: manifests of chosen sizes; make_params holds 664 float32, 2,656 bytes."""
+  d = str(tmp_path / 'ckpts')
+  ckpt = Checkpointer(d, keep=3)
+  state, params = make_state(1, steps=1), make_params(1)
+  before = checkpoint.BEFORE_RESET
+  ckpt.save(1, state, {}, {}, reference=params, reference_before_reset=params)
+  assert checkpoint.tree_nbytes(params) == 2656
+  manifest = os.path.join(d, '1', checkpoint.MANIFEST)
+
+  def latest_holds(files):
+    with open(manifest, 'w') as f:
+      json.dump({'step': 1, 'files': {name: [size, 0] for name, size in files.items()}}, f)
+
+  base = {'state/a': 4000, 'state/b': 1000, 'data/d': 20, 'meta/m': 30, '_METADATA': 50}
+  latest_holds({**base, 'reference/a': 2000, 'reference/b': 700, f'{before}/a': 2700})
+  needed = ckpt._needed_bytes  # pylint: disable=protected-access
+  assert needed({'state': state, 'reference': params, before: params}) == 5100 + 2700 + 2700
+  assert needed({'state': state, 'reference': params, before: None}) == 5100 + 2700   # was 10500
+  assert needed({'state': state, 'reference': None, before: None}) == 5100   # was 10500
+  latest_holds(base)
+  assert needed({'state': state, 'reference': params, before: None}) == 5100 + 2656
+  assert needed({'state': state, 'reference': params, before: params}) == 5100 + 2 * 2656
   ckpt.close()
 
 
