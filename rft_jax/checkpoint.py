@@ -45,6 +45,7 @@ import jax
 from etils import epath
 
 from rft_jax import checkpoint_errors
+from rft_jax.checkpoint_errors import CheckpointReadError  # noqa: F401  (checkpoint.X for callers)
 from rft_jax.checkpoint_manifest import MANIFEST, file_digests, verify
 
 
@@ -264,11 +265,21 @@ class Checkpointer:
   def restore_reference_before_reset(self, step: int, like_params: Any,
                                      shardings: Any = None) -> Any:
     """Checkpoint `step`'s reference_before_reset item into the structure (and shardings) of
-    like_params; the caller knows from the checkpoint's meta that it holds one."""
+    like_params; the caller knows from the checkpoint's meta that it holds one.
+
+    Raises CheckpointReadError (one line: what is wrong, the item's directory; the checkpoint
+    is left in place) when the item is missing or cannot be read: a checkpoint without a
+    manifest is not verified at open (module doc)."""
     ocp = _ocp()
+    item = os.path.join(self.directory, str(step), BEFORE_RESET)
     target = ocp.args.StandardRestore(_abstract(like_params, shardings))
-    with self._quiet.restore():
-      out = self._manager.restore(step, args=ocp.args.Composite(**{BEFORE_RESET: target}))
+    try:
+      with self._quiet.restore():
+        out = self._manager.restore(step, args=ocp.args.Composite(**{BEFORE_RESET: target}))
+    except Exception as e:  # pylint: disable=broad-exception-caught  (orbax: KeyError, ValueError)
+      raise checkpoint_errors.read_error(e, item, f"checkpoint {step}'s {BEFORE_RESET} item (the "
+                                         'reference an undo of the watched reference reset puts '
+                                         'back)') from None
     return out[BEFORE_RESET]
 
   def _restore_state(self, step: int, like_state: Any, shardings: Any) -> Any:

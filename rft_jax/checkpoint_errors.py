@@ -1,4 +1,4 @@
-"""A failed orbax checkpoint write said in one line, and the noise around it muted.
+"""A failed orbax checkpoint write (or read) said in one line, and the noise around it muted.
 
 Used by rft_jax/checkpoint.py. On a full disk orbax raises a ValueError whose first line can hold
 a whole tensorstore spec; around it come absl ERROR records with each writer thread's traceback,
@@ -64,6 +64,20 @@ def describe(e: BaseException, where: str) -> tuple[str, int | None]:
     return f'out of disk space or quota: RESOURCE_EXHAUSTED ({where})', None
   first = ' '.join(str(chain[0]).split())
   return f'{type(chain[0]).__name__}: {first[:200]}{"..." if len(first) > 200 else ""}', None
+
+
+class CheckpointReadError(OSError):
+  """An item of a checkpoint is missing or cannot be read; the checkpoint is left in place.
+  strerror: what is wrong (one line), filename: the item's directory."""
+
+
+def read_error(e: BaseException, item: str, what: str) -> CheckpointReadError:
+  """The one-line error of a failed restore `e` of a checkpoint item: '<what> is missing' when
+  its directory `item` is, else '<what> cannot be read (<describe(e)>)'; filename=item."""
+  if not os.path.isdir(item):
+    return CheckpointReadError(errno.ENOENT, f'{what} is missing', item)
+  reason, number = describe(e, item)
+  return CheckpointReadError(number or errno.EIO, f'{what} cannot be read ({reason})', item)
 
 
 class _OrbaxErrorRecords(logging.Filter):

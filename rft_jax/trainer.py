@@ -26,6 +26,7 @@ from rft_jax import config as config_lib
 from rft_jax.algorithms import kl_control, ppo
 from rft_jax.algorithms import step_fns as step_fns_lib
 from rft_jax.algorithms import train_state as ts
+from rft_jax.checkpoint import CheckpointReadError
 from rft_jax.models import functional as lm
 from rft_jax.monitor import credit
 from rft_jax.monitor import monitor as monlib
@@ -150,6 +151,14 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
     remediator.load_state_dict(meta['remediator'])
   if reset_ref is not None:   # remediation had reset the reference policy before the checkpoint
     ref_params = reset_ref
+  # (ref_params, reset_ref) before the watched reset (its first one), checkpointed for its undo.
+  try:
+    ref_before_reset = incidents.resumed_undo_reference(
+        ckpt, start, meta, remediator, initial_ref, c.param_shardings, hooks) if start else None
+  except CheckpointReadError:   # its copy in the checkpoint: one line (main.py), before anything
+    hooks.close()               # else starts; the checkpointer closed unmutes orbax's logging
+    ckpt.close()
+    raise
   incident_log = incidents.IncidentLog(workdir, start)
   live_fit = scaling_live.LiveFit.from_config(config, meta)   # no-op unless scaling.live_every
   watched = incidents.watched(config)   # the monitor or the live scaling fit
@@ -213,10 +222,6 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   # Steps in a row with skipped updates (saved with each checkpoint, carried on by a rewind).
   streak = incidents.SkippedStreak(meta, runs.updates_per_step(config))
   max_skipped = config.monitor.get('max_skipped_steps', 5) if mcfg is not None else 1
-
-  # (ref_params, reset_ref) before the watched reset (its first one), checkpointed for its undo
-  ref_before_reset = incidents.resumed_undo_reference(
-      ckpt, start, meta, remediator, initial_ref, c.param_shardings, hooks) if start else None
 
   def execute(decision) -> bool:
     """A remediation decision's restore and reference reset (or its undo) -> whether the run

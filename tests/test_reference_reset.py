@@ -2,6 +2,7 @@
 (scripted decisions; the monitor deciding them itself: test_monitor_live.py)."""
 import gc
 import json
+import logging
 import os
 import shutil
 import types
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rft_jax import checkpoint, components, run_memory, trainer
+from rft_jax import api, checkpoint, components, main, run_memory, trainer
 from rft_jax import incidents as incidents_lib
 from rft_jax.algorithms import ppo
 from rft_jax.models import functional as lm
@@ -156,7 +157,8 @@ def _holds(workdir, steps):
 
 
 def test_a_run_resumed_between_a_second_reset_and_its_undo_puts_back_the_first(tmp_path,
-                                                                              monkeypatch):
+                                                                              monkeypatch,
+                                                                              capsys):
   """Resets at steps 3 and 5 (the first kept: the second's undo must put back the reference
   of step 3), undone at step 7. Stopped after step 6 and resumed, the run scores the same KL
   and reward as an uninterrupted one: checkpoint 6 holds the step-3 reference for the undo;
@@ -164,7 +166,7 @@ def test_a_run_resumed_between_a_second_reset_and_its_undo_puts_back_the_first(t
   not saved), and the checkpoints after the undo hold no such copy. (The resumed run had put
   back the initial policy: the reference from before the reset was only in memory.) A
   checkpoint 6 as an older rft_jax wrote it (neither) still resumes, and the undo then puts
-  back the initial policy, said in one line."""
+  back the initial policy, said in one line; one whose item is missing stops in one line."""
   plan = lambda: {3: dict(action='reset_reference', reset_reference=True),
                   5: dict(action='reset_reference', reset_reference=True),
                   7: dict(action='undo_reset_reference', undo_reference_reset=True)}
@@ -203,6 +205,24 @@ def test_a_run_resumed_between_a_second_reset_and_its_undo_puts_back_the_first(t
   assert est.persistent == 6 * est.params == 6 * copies.nbytes
   assert copies.copies == {1: 4, 2: 4, 3: 4, 4: 5, 5: 5, 6: 6, 7: 6, 8: 5, 9: 5, 10: 5}
 
+  # Checkpoint 6 unverified (no manifest) and its item gone: the command says so in one line
+  # naming the item's directory, exit 1, checkpoint 6 left in place (was: orbax's KeyError).
+  broken = tmp_path / 'broken'
+  shutil.copytree(old, broken)
+  os.remove(broken / 'checkpoints' / '6' / checkpoint.MANIFEST)
+  shutil.rmtree(broken / 'checkpoints' / '6' / 'reference_before_reset')
+  monkeypatch.setattr(api, 'run_config', lambda _, workdir: trainer.run(config(8), workdir))
+  status = main.main(['main', '--config', 'configs/grpo_arith.py:tiny', '--workdir', str(broken)])
+  err = capsys.readouterr().err.strip()
+  assert status == 1 and err == (
+      "error: checkpoint 6's reference_before_reset item (the reference an undo of the watched "
+      f"reference reset puts back) is missing: {broken}/checkpoints/6/reference_before_reset; "
+      f'the run stopped with its last good checkpoint kept in {broken}; fix that and run the '
+      'same command to resume'), err
+  assert sorted(os.listdir(broken / 'checkpoints')) == ['2', '4', '6']
+  # The checkpointer was closed: orbax's logging is not left muted (Quiet's filters).
+  assert [logging.getLogger(n).filters for n in ('absl', 'orbax', 'asyncio')] == [[], [], []]
+
   six = old / 'checkpoints' / '6'   # as an older rft_jax wrote it: no item, no meta key
   shutil.rmtree(six / 'reference_before_reset')
   with open(six / 'meta' / 'metadata') as f:
@@ -240,4 +260,39 @@ def test_the_reference_before_a_reset_round_trips_verified_and_sized(tmp_path):
   ckpt = checkpoint.Checkpointer(d, keep=3)
   assert ckpt.all_steps() == [1]
   assert 'checkpoint 2 is unusable' in ckpt.problems[0], ckpt.problems
+  ckpt.close()
+
+
+@pytest.mark.parametrize('damage', ['delete', 'truncate'])
+def test_a_reference_before_reset_that_cannot_be_read_is_one_line_naming_it(tmp_path, damage):
+  """In a checkpoint without a manifest (not verified at open: the process died before it, or
+  an older rft_jax), a missing or truncated reference_before_reset item raises one line naming
+  the item's directory and what is wrong, an OSError the command line reports with the last
+  good checkpoint kept (was: orbax's KeyError or tensorstore's ValueError, raw). The checkpoint
+  stays in place."""
+  d = str(tmp_path / 'ckpts')
+  ckpt = checkpoint.Checkpointer(d, keep=3)
+  ckpt.save(2, make_state(0, steps=1), {}, {}, reference_before_reset=make_params(8))
+  ckpt.close()
+  os.remove(os.path.join(d, '2', checkpoint.MANIFEST))
+  item = os.path.join(d, '2', checkpoint.BEFORE_RESET)
+  if damage == 'delete':
+    shutil.rmtree(item)
+  else:
+    for root, _, names in os.walk(item):
+      for name in names:
+        os.truncate(os.path.join(root, name), 10)
+  ckpt = checkpoint.Checkpointer(d, keep=3)
+  with pytest.raises(checkpoint.CheckpointReadError) as info:
+    ckpt.restore_reference_before_reset(2, make_params(0))
+  e = info.value
+  assert isinstance(e, OSError) and e.filename == item, e
+  what = ("checkpoint 2's reference_before_reset item (the reference an undo of the watched "
+          'reference reset puts back) ')
+  if damage == 'delete':
+    assert e.strerror == what + 'is missing'
+  else:
+    assert e.strerror.startswith(what + 'cannot be read (JSONDecodeError: '), e.strerror
+  assert '\n' not in str(e), str(e)
+  assert ckpt.all_steps() == [2] and os.path.isdir(os.path.join(d, '2'))
   ckpt.close()
