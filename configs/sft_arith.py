@@ -3,10 +3,15 @@ r"""Supervised fine-tuning of the tiny model from scratch: builds the GRPO base 
   python -m rft_jax.main --config configs/sft_arith.py --workdir runs/sft_arith
 
 Trains on (prompt, answer) pairs from the arithmetic train split with a token-mean cross-entropy
-on the answer tokens only. It stops deliberately early, at partial competence (~35-45% held-out
-greedy accuracy on 2 CPU cores in about a minute), so that RL has room to improve. The result
-shipped in `rft_jax/assets/arith_base` was made with exactly this command, then
-`python -m tools.export_base runs/sft_arith`.
+on the answer tokens only. It stops deliberately early, at partial competence, so that RL has
+room to improve. The base policy shipped in `rft_jax/assets/arith_base` was made with this
+command on 2026-12-02 (57.4% held-out greedy accuracy), then exported with
+
+  python -m tools.export_base --config configs/sft_arith.py --workdir runs/sft_arith \
+      --out rft_jax/assets/arith_base
+
+(`make base` runs both). Rerun on 2026-12-07: 49.6% greedy, 49.8% mean@8, 313 s of wall time
+on 2 CPU cores shared with other jobs.
 """
 import ml_collections
 

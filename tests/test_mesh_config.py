@@ -96,12 +96,13 @@ def test_validate_only_refuses_a_mesh_that_cannot_split_the_batch():
 
 
 def _readme_multihost_commands() -> list[dict[str, str]]:
-  """The --config.* overrides of each `rft_jax.main` command in the README's Multi-host block."""
+  """The --config.mesh.* and --config.algo.* overrides of each `rft_jax.main` command in the
+  README's Multi-host block (the others name paths: tests/test_doc_commands.py parses them)."""
   with open(os.path.join(REPO, 'README.md'), encoding='utf-8') as f:
     text = f.read()
   block = text[text.index('**Multi-host.**'):text.index('What each process does')]
   commands = re.sub(r'\\\n\s*', ' ', block).split('\n')   # continuation lines joined
-  return [dict(re.findall(r'--config\.(\S+?)=([^\s"]+)', line)) for line in commands
+  return [dict(re.findall(r'--config\.((?:mesh|algo)\.\S+?)=([^\s"]+)', line)) for line in commands
           if 'python -m rft_jax.main' in line]
 
 
