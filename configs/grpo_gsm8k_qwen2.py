@@ -65,7 +65,7 @@ def get_config(arg: str = ''):
       attention_bias=True, max_position_embeddings=32768,
       dtype='bfloat16',              # compute dtype; params and optimiser state stay float32
       **QWEN25[size]))
-  common.memory_options(config.model)   # e.g. --config.model.remat=full for the 7B size
+  common.memory_options(config.model)   # e.g. --config.model.remat=full for a larger model
   config.init_from = ''              # params come from model.path
 
   # Rollouts: G completions for each prompt; long enough for step-by-step reasoning.

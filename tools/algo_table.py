@@ -11,8 +11,8 @@ base -> final held-out greedy and mean@k accuracy (summary.json), their gains, t
 reward of the last 10 steps (of the final trajectory: after a remediation rewind, as re-run),
 the median step time (`time/step_s` in metrics.jsonl, every step that ran), the run's
 wall time, and the hardware line. --steps overrides every recipe's train.steps (default: each
-recipe's own). Recipes whose config file does not exist (dpo, online_dpo until written) are
-skipped with a note. Numbers hold for the machine that ran them; the table says which.
+recipe's own). --recipes runs some of them (RECIPES' names: grpo, ..., online_dpo); another
+name is refused, exit 2. Numbers hold for the machine that ran them; the table says which.
 """
 import argparse
 import datetime
