@@ -9,9 +9,9 @@ The base policy learnt those slips from its demonstrations (configs/sft_arith.py
 the slip in ~87% of the pairs. Reference log-probs (the base policy) are computed once per pair
 before training (~10 s); the train step never runs the reference.
 
-What to expect on 2 CPU cores (no GPU): about a minute of wall time (measured 57 s, ~19 s of it
-the reference table); `rewards/accuracies` reaching 1 within ~20 steps; held-out greedy accuracy
-57% -> 83% (mean@8 63% -> 69%), printed at the end and written to `summary.json`.
+What to expect on 2 CPU cores (no GPU): under a minute of wall time (36 s on 2026-12-07, 12 s
+of it the reference table); `rewards/accuracies` near 1 from step ~5; held-out greedy accuracy
+57% -> 83% (mean@8 62% -> 67%), printed at the end and written to `summary.json`.
 
 Why short, with a large beta and an NLL term: every pair comes from a problem *with* a slip, so
 DPO also learns to carry where there is no carry. Measured on the 500 test prompts after this

@@ -9,8 +9,8 @@ are all right or all wrong give no pair and are counted (`pairs/skipped_prompts`
 is the number of pairs). The reference (the base policy, frozen) scores each pair once, in the
 jitted batch preparation; the DPO step itself never runs it.
 
-What to expect on 2 CPU cores (no GPU): about 70 s of wall time; ~14 pairs per step (out of 32
-prompts); held-out greedy accuracy 57% -> 96% (mean@8 63% -> 87%), printed at the end and
+What to expect on 2 CPU cores (no GPU): 40-70 s of wall time; ~14 pairs per step (out of 32
+prompts); held-out greedy accuracy 57% -> 96% (mean@8 62% -> 87%), printed at the end and
 written to `summary.json` (GRPO, configs/grpo_arith.py, reaches ~96% in 150 steps).
 
 `--config configs/online_dpo_arith.py:tiny` is the same recipe shrunk for tests (a few steps).
