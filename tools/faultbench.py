@@ -3,6 +3,7 @@
   python -m tools.faultbench --suite ci|full [--jobs N] [--out DIR] [--seeds 1,2]
                             [--faults healthy,adv_sign_flip,...] [--modes warn]
                             [--run-timeout-s 1800] [--set cusum_h=6 ...]
+  python -m tools.faultbench --replay SRC --out DIR [--set min_trend_warmup=11 ...]
 
 Every run is the arithmetic GRPO recipe (configs/grpo_arith.py) shrunk to fit many runs on a
 CPU (BENCH_OVERRIDES), from the shipped base policy, with one fault of rft_jax/faults.py
@@ -13,7 +14,9 @@ range-checked as tools.monitor_replay's, kept in each run's record and the repor
 Runs execute in `--jobs` spawned processes, one run per process; a run past `--run-timeout-s`
 (default 1800) is killed, and it or one whose process dies is recorded with its error while the
 others go on. Then the runs are scored (tools/faultbench_score.py) and the out dir gets
-results.jsonl (one record per run), report.md, score.json and PNGs.
+results.jsonl (one record per run), report.md, score.json and PNGs. `--replay SRC` runs
+nothing: it rescores the warn-mode runs an earlier invocation kept under SRC/runs with the
+monitor replayed over their logs under the --set knobs (tools/faultbench_replay.py), into --out.
 
 Suites:
   ci    lr_spike, mask_shift and reward_length, one benign change and a healthy run; one seed,
@@ -41,6 +44,7 @@ import time
 import numpy as np
 
 from rft_jax import faults as faultlib
+from tools import faultbench_replay
 
 CI_FAULTS = ('lr_spike', 'mask_shift', 'reward_length')
 CI_BENIGN = ('lr_schedule_step',)
@@ -137,8 +141,7 @@ def record(spec: dict, out_dir: str, summary: dict | None, error: str | None,
   incidents = []
   path = os.path.join(workdir, 'incidents.jsonl')
   if os.path.exists(path):   # (read_jsonl skips a line torn by a killed run)
-    incidents = [{k: e.get(k) for k in ('step', 'onset_step', 'fault_class', 'signature',
-                                        'severity')}
+    incidents = [{k: e.get(k) for k in faultbench_replay.INCIDENT_KEYS}
                  for e in read_jsonl(path, kind='incident')]
   rows = read_jsonl(os.path.join(workdir, 'metrics.jsonl'), kind='train') if os.path.exists(
       os.path.join(workdir, 'metrics.jsonl')) else []
@@ -247,6 +250,33 @@ def _plan_from_args(ap: argparse.ArgumentParser, args) -> list[dict]:
   return specs
 
 
+def _replay_from_args(ap: argparse.ArgumentParser, args, out: str) -> list[dict]:
+  """--replay SRC: SRC's warn-mode records with replayed incidents, written to
+  out/results.jsonl; ap.error (exit 2) for a flag or a kept run the replay cannot use."""
+  if args.rescore:
+    ap.error('--replay and --rescore: give one (--replay rescores under --set knobs)')
+  if not args.out or os.path.abspath(args.out) == os.path.abspath(args.replay):
+    ap.error(f'--replay {args.replay}: give another --out (its results.jsonl is kept)')
+  from rft_jax.monitor import knobs  # pylint: disable=g-import-not-at-top
+  try:
+    overrides = knobs.parse_set(args.set)
+    knobs.monitor_config(None, **overrides)   # a bad value: one line naming the knob
+    stored = faultbench_replay.read_records(args.replay)
+    kept = faultbench_replay.replayable(stored)
+    if not kept:
+      raise ValueError(f'{args.replay}/results.jsonl: no warn-mode run without error to replay')
+    records = faultbench_replay.replay_records(args.replay, kept, overrides)
+  except ValueError as e:
+    ap.error(f'--replay: {e}')
+  print(f'FaultBench replay of {args.replay}: {len(records)} warn-mode runs'
+        + (f' ({len(stored) - len(kept)} auto-mode or failed runs left out)'
+           if len(stored) > len(kept) else ''), flush=True)
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, 'results.jsonl'), 'w') as f:
+    f.writelines(json.dumps(r) + '\n' for r in records)
+  return records
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--suite', choices=('ci', 'full'), default='ci')
@@ -262,13 +292,19 @@ def main(argv=None) -> int:
   ap.add_argument('--set', action='append', default=[], metavar='KNOB=VALUE',
                   help='a monitor knob for every run, as config.monitor.KNOB (rft_jax/monitor/'
                        'knobs.py), e.g. --set cusum_h=6; repeatable')
+  ap.add_argument('--replay', default=None, metavar='SRC',
+                  help="rescore the warn-mode runs kept in an earlier invocation's --out SRC "
+                       'with the monitor replayed over their logs under the --set knobs; '
+                       'writes --out')
   args = ap.parse_args(argv)
   if args.rescore and args.set:
     ap.error('--set applies to new runs; --rescore scores the runs of an earlier invocation '
-             '(their knobs are in results.jsonl)')
+             '(their knobs are in results.jsonl; --replay rescores them under other knobs)')
   out = args.out or os.path.join('runs', f'faultbench_{args.suite}')
   from tools import faultbench_report, faultbench_score  # pylint: disable=g-import-not-at-top
-  if args.rescore:
+  if args.replay is not None:
+    records = _replay_from_args(ap, args, out)
+  elif args.rescore:
     results = os.path.join(out, 'results.jsonl')
     if not os.path.isfile(results):
       ap.error(f'--rescore: no {results} (--out names the directory of an earlier run)')
