@@ -112,8 +112,11 @@ class MonitorConfig:
     tokens, never observed, against 3.0-3.25). Synthetic traces (tools/monitor_false_alarms,
     200 traces) at warmup 4: false alarms per 1,000 healthy steps 0.63 with the line fit,
     0.017 level only; at warmup 6 and 8 (100 traces) 0.20 -> 0 and 0.033 -> 0; detection of
-    every class as good or better. 10 (the default warm-up keeps its line fit) because the
-    defaults were tuned and FaultBench-scored with it.
+    every class as good or better. 10: the default warm-up keeps its line fit. Level only
+    at warmup 10 (min_trend_warmup=11), FaultBench seeds 3, 4 replayed: the same detections and
+    0 false alarms either way, 3 of 30 detections 1-2 steps later (a reward rising within the
+    warm-up inflates the MAD about the median: scale 0.133 vs the line's 0.060); synthetic
+    false alarms 0.083 -> 0 per 1,000 steps (experiments/faultbench/README.md, 2026-12-07).
   onset_reset: the onset estimate (*_start) restarts while the CUSUM is at or below this (scale
     units). At 0 (the textbook change point: the excursion's last zero) noise that left the
     CUSUM a few tenths above 0 before a fault dated the fault to that noise. Onset error
