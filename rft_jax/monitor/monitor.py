@@ -75,10 +75,10 @@ def init_monitor(cfg: MonitorConfig, batch_shape: tuple[int, ...] = ()) -> Monit
   monitor_update with metrics of shape [N] (faster than jax.vmap: see detectors.detector_update)."""
   b = tuple(batch_shape)
   k, i = len(sigs.SIGNATURES), len(sig.INVARIANTS)
-  return MonitorState(
-      detectors=init_detectors(cfg, b), step=jnp.zeros(b, jnp.int32),
-      invariant_run=jnp.zeros(b + (i,), jnp.int32), active=jnp.zeros(b + (k,), bool),
-      onset=jnp.zeros(b + (k,), jnp.int32), fired_count=jnp.zeros(b + (k,), jnp.int32))
+  return jax.device_put(MonitorState(   # NumPy, placed: no XLA program (as init_detectors)
+      detectors=init_detectors(cfg, b), step=np.zeros(b, np.int32),
+      invariant_run=np.zeros(b + (i,), np.int32), active=np.zeros(b + (k,), bool),
+      onset=np.zeros(b + (k,), np.int32), fired_count=np.zeros(b + (k,), np.int32)))
 
 
 def _invariants(state: MonitorState, metrics: Mapping[str, Any], cfg: MonitorConfig):
