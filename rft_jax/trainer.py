@@ -61,13 +61,14 @@ def monitor_settings(config):
 def device_controls(controls: Controls, config, step: int) -> dict:
   """TrainState.controls for `step`: remediation's knobs times any injected fault. temperature
   is the one the trainer scores at: the sampler's (1 for greedy sampling, whose log-probs are
-  untempered)."""
+  untempered). Host float32 scalars (NumPy): placing them compiles nothing, where an eager
+  jnp.float32 compiles an XLA program at a run's set-up."""
   injected = config.get('faults', [])
   lr = controls.lr_scale * faults.lr_multiplier(injected, step)
   kl = faults.kl_coef(injected, step, controls.kl_coef)
   temp = faults.trainer_temperature(injected, step, controls.temperature, config.train.steps)
-  return {'lr_scale': jnp.float32(lr), 'kl_coef': jnp.float32(kl),
-          'temperature': jnp.float32(temp if temp > 0 else 1.0)}
+  return {'lr_scale': np.float32(lr), 'kl_coef': np.float32(kl),
+          'temperature': np.float32(temp if temp > 0 else 1.0)}
 
 
 def observe(state: ts.TrainState, metrics: dict, *, mcfg, algo=None, rows: int = 0):
@@ -286,7 +287,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
                         'invariant/reward_out_of_range':
                             got.rewards.out_of_range_frac(config.rewards.weights)}
       metrics = {**metrics, **step_metrics,
-                 **{k: jnp.float32(v) for k, v in reward_metrics.items()}}
+                 **{k: np.float32(v) for k, v in reward_metrics.items()}}   # host: no program
       state, alarms = observe_fn(state, metrics)
       metrics, alarms = jax.device_get((metrics, alarms))   # the step's one host transfer
       metrics = {k: float(v) for k, v in metrics.items()}

@@ -4,10 +4,11 @@ import os
 import re
 import sys
 
+import jax
 import numpy as np
 import pytest
 
-from compile_log import assert_compiled_once
+from compile_log import assert_compiled_once, programs_compiled
 from configs import grpo_arith
 from rft_jax import runs, trainer
 from rft_jax.telemetry.sinks import read_jsonl
@@ -282,6 +283,19 @@ def test_a_malformed_record_in_the_stream_stops_with_one_line():
   with pytest.raises(runs.TrainingError, match=r"^bad input data at step 2: record id=7: answer "
                      r"'133' is 4 tokens \(with EOS\) > answer_len=1 \(config.task.bad_records"):
     runs.next_batch(data_it, 2)
+
+
+def test_device_controls_are_host_float32_and_place_without_compiling():
+  """A step's TrainState.controls are NumPy float32 scalars, an injected fault applied: placing
+  them compiles nothing (eager jnp.float32 compiled a program at a run's set-up)."""
+  config = tiny_config()
+  config.faults = [{'type': 'lr_spike', 'onset_step': 1, 'duration': 1, 'strength': 4.0}]
+  controls = trainer.Controls(0.5, 0.04, 0.7)
+  got = trainer.device_controls(controls, config, 1)
+  assert got == {'lr_scale': 2.0, 'kl_coef': np.float32(0.04), 'temperature': np.float32(0.7)}
+  assert all(type(v) is np.float32 for v in got.values())
+  assert programs_compiled(
+      lambda: jax.device_put(trainer.device_controls(controls, config, 1))) == []
 
 
 def test_updates_per_step_counts_epochs_and_minibatches():
