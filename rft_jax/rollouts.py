@@ -28,10 +28,18 @@ from rft_jax.rewards.runner import RewardResult
 from rft_jax.sampling.text import decode_completions
 
 
+@jax.jit
+def _step_key(seed, step) -> jax.Array:
+  """fold_in(key(seed), step) as one XLA program (eagerly, key and fold_in compile four)."""
+  return jax.random.fold_in(jax.random.key(seed), step)
+
+
 def round_rng(seed: int, step: int, round_: int) -> jax.Array:
   """Sampling key of one round: fold_in(key(seed), step) for round 0 (the trainer's step key),
-  fold_in(that, round) for the refill rounds."""
-  key = jax.random.fold_in(jax.random.key(seed), step)
+  fold_in(that, round) for the refill rounds. The seed enters as its low 32 bits, as
+  jax.random.key takes a Python int (a jit argument would overflow above int32), the step as a
+  uint32, as fold_in converts it."""
+  key = _step_key(np.uint32(seed & 0xFFFFFFFF), np.uint32(step))
   return key if round_ == 0 else jax.random.fold_in(key, round_)
 
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from compile_log import programs_compiled
 from configs import dapo_arith, grpo_arith
 from rft_jax import components, trainer
 from rft_jax import config as config_lib
@@ -204,6 +205,20 @@ def test_round_keys():
   k = [jax.random.key_data(round_rng(7, 5, r)) for r in range(3)]
   assert not jnp.array_equal(k[0], k[1]) and not jnp.array_equal(k[1], k[2])
   assert jnp.array_equal(k[2], jax.random.key_data(round_rng(7, 5, 2)))
+
+
+@pytest.mark.parametrize('seed', [0, 7, 2**31 - 1, 2**31, 2**32 + 3, -1, -2**31 - 1])
+def test_step_key_is_eager_fold_in_in_one_program(seed):
+  """The step key is fold_in(key(seed), step) bit for bit (a seed beyond int32 by its low 32
+  bits, as jax.random.key takes it), built by one XLA program where the eager key and fold_in
+  compiled four at a run's first step."""
+  eager = lambda s, r: jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), s), r)
+  for step in (1, 5, 2**31):
+    assert jnp.array_equal(jax.random.key_data(round_rng(seed, step, 0)),
+                           jax.random.key_data(jax.random.fold_in(jax.random.key(seed), step)))
+    assert jnp.array_equal(jax.random.key_data(round_rng(seed, step, 2)),
+                           jax.random.key_data(eager(step, 2)))
+  assert len(programs_compiled(round_rng, seed, 3, 0)) == 1
 
 
 # ----------------------------------------------------------------------------
