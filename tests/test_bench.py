@@ -64,6 +64,31 @@ def test_the_first_step_child_imports_no_data_or_checkpoint_library():
   assert done.stdout.strip().splitlines()[-1] == '[]'
 
 
+def test_the_first_step_compiles_only_the_programs_of_a_runs_path(tmp_path):
+  """The time-to-first-step child (a cold cache) compiles what a run's first step needs and no
+  eager op: optax's step counter (opt-state shardings), the train state's init, the step key,
+  the sampler, the fused step and the monitor's observe. It compiled 24: the monitor's and the
+  controls' eager zeros, a copy of the reference, the eager key and fold_in, jnp.asarray of
+  the rewards (each ~10-100 ms of a cold start, a cache load warm)."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from rft_jax.models import functional as lm  # pylint: disable=g-import-not-at-top
+  from rft_jax.models.llama import ModelConfig  # pylint: disable=g-import-not-at-top
+  w = bench_workload.TINY
+  model_cfg = ModelConfig.from_dict(w.model_dict())
+  assets = str(tmp_path / 'assets')
+  bench_workload.write_assets(w, nnx.to_pure_dict(lm.create(model_cfg, w.seed)[1]), model_cfg,
+                              assets, 1)
+  done = subprocess.run(bench._child_cmd('tools.bench_grpo', assets, w) + ['--first-step'],
+                        cwd=REPO, capture_output=True, text=True, timeout=600, check=True,
+                        env={**os.environ, 'JAX_PLATFORMS': 'cpu',
+                             'JAX_COMPILATION_CACHE_DIR': str(tmp_path / 'cache')})
+  line = [l for l in done.stdout.splitlines() if l.startswith('RESULT ')][-1]
+  result = json.loads(line[len('RESULT '):])
+  assert result['xla_compiles'] == 6, result
+  assert result['programs'] == ['jit(convert_element_type)', 'jit(<lambda>)', 'jit(_step_key)',
+                                'jit(fn)', 'jit(fused_step)', 'jit(observe)']
+
+
 @pytest.mark.slow
 def test_bench_time_to_first_step_and_trl_comparison(tmp_path):
   """The fresh-process time-to-first-step runs, and TRL beside rft_jax when it is installed."""

@@ -23,7 +23,7 @@ import time
 T_START = time.time()
 
 import jax  # noqa: E402  (after T_START: the import counts towards the time to first step)
-import jax.numpy as jnp  # noqa: E402
+import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from rft_jax import compile_cache, components, runs  # noqa: E402
@@ -33,6 +33,7 @@ from rft_jax.models import hf_checkpoint  # noqa: E402
 from rft_jax.models.llama import ModelConfig  # noqa: E402
 from rft_jax.monitor import monitor as monlib  # noqa: E402
 from rft_jax.monitor.detectors import MonitorConfig  # noqa: E402
+from rft_jax.parallel import hostdata  # noqa: E402
 from rft_jax.parallel import mesh as meshlib  # noqa: E402
 from rft_jax.rewards.runner import RewardRunner  # noqa: E402
 from rft_jax.sampling import sampler as samplerlib  # noqa: E402
@@ -50,18 +51,18 @@ COMPILE_EVENTS = ('/jax/core/compile/jaxpr_trace_duration',
 
 class CompileClock:
   """Seconds JAX spent tracing, lowering and compiling (or loading from the persistent cache),
-  and the number of XLA compilations, from jax.monitoring events."""
+  and the XLA programs compiled (their names, in order), from jax.monitoring events."""
 
   def __init__(self):
-    self.seconds, self.compiles, self.cache_hits = 0.0, 0, 0
+    self.seconds, self.programs, self.cache_hits = 0.0, [], 0
     jax.monitoring.register_event_duration_secs_listener(self._on_duration)
     jax.monitoring.register_event_listener(self._on_event)
 
-  def _on_duration(self, event, secs, **_):
+  def _on_duration(self, event, secs, fun_name='?', **_):
     if event in COMPILE_EVENTS:
       self.seconds += secs
     if event == COMPILE_EVENTS[-1]:
-      self.compiles += 1
+      self.programs.append(fun_name)
 
   def _on_event(self, event, **_):
     if event == '/jax/compilation_cache/cache_hits':
@@ -70,7 +71,6 @@ class CompileClock:
 
 def optim_config(w: wl.Workload):
   """AdamW as TRL's defaults (betas 0.9/0.999, no weight decay, grad norm clipped at 1)."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
   return ml_collections.ConfigDict(dict(lr=w.lr, warmup_steps=0, b1=0.9, b2=0.999,
                                         weight_decay=0.0, grad_clip=1.0))
 
@@ -96,14 +96,16 @@ class RftSide:
                                 shared_prompt=w.shared_prompt)
     tx, schedule = ts.make_optimizer(optim_config(w)), ts.lr_schedule(optim_config(w))
     self.mcfg = MonitorConfig()
-    controls = {'lr_scale': jnp.float32(1.0), 'kl_coef': jnp.float32(w.kl_coef),
-                'temperature': jnp.float32(1.0)}   # as trainer.device_controls
-    shardings = runs.state_shardings(c, tx, controls, monlib.init_monitor(self.mcfg))
-    self.state = runs.init_state(params, tx, shardings, controls, monlib.init_monitor(self.mcfg))
-    self.ref_params = jax.tree.map(jnp.copy, params)
+    controls = trainer.device_controls(trainer.Controls(kl_coef=w.kl_coef),
+                                       ml_collections.ConfigDict({'train': {'steps': 1}}), 1)
+    monitor = monlib.init_monitor(self.mcfg)
+    shardings = runs.state_shardings(c, tx, controls, monitor)
+    self.state = runs.init_state(params, tx, shardings, controls, monitor)
+    self.ref_params = params   # as trainer.run: the initial weights themselves, no copy
     rep = meshlib.replicated(mesh)
+    self.batch_sh = meshlib.batch_sharding(mesh)
     _, _, self.fused = step_fns.make_step_fns(graphdef, self.algo, tx, schedule, shardings,
-                                              meshlib.batch_sharding(mesh), rep)
+                                              self.batch_sh, rep)
     self.observe = trainer.make_observe(self.mcfg, self.algo, w.rows, shardings, rep)
     scfg = samplerlib.SamplingConfig(max_new_tokens=w.max_new_tokens, eos_id=wl.EOS_ID,
                                      pad_id=wl.PAD_ID, temperature=1.0)
@@ -130,14 +132,15 @@ class RftSide:
     tokens, mask = self.prompts(step)
     t0 = time.perf_counter()
     rollout = jax.block_until_ready(self.sampler(
-        self.state.params, tokens, mask, jax.random.fold_in(jax.random.key(self.w.seed), step)))
+        self.state.params, tokens, mask, trainer.step_rng(self.w.seed, step)))
     t1 = time.perf_counter()
     texts = decode_completions(self.tokenizer, rollout.tokens_bt, rollout.mask_bt)
     t2 = time.perf_counter()
     rewards = self.runner(texts, [''] * len(texts))
     t3 = time.perf_counter()
+    place = lambda x: hostdata.place(x, self.batch_sh)   # as trainer.run's to_device
     self.state, metrics, _ = self.fused(self.state, self.ref_params, rollout,
-                                        jnp.asarray(rewards.total), jnp.asarray(rewards.valid))
+                                        place(rewards.total), place(rewards.valid))
     jax.block_until_ready(self.state.params)
     t4 = time.perf_counter()
     self.state, alarms = self.observe(self.state, metrics)
@@ -151,7 +154,7 @@ class RftSide:
       t = time.perf_counter()
       prefilled = jax.block_until_ready(self.prefill(self.state.params, tokens, mask))
       out['prefill_s'] = time.perf_counter() - t
-      rng = jax.random.fold_in(jax.random.key(self.w.seed), step)
+      rng = trainer.step_rng(self.w.seed, step)
       t = time.perf_counter()
       jax.block_until_ready(self.decode(self.state.params, tokens, mask, rng, *prefilled))
       out['decode_s'] = time.perf_counter() - t
@@ -204,7 +207,8 @@ def first_step(assets: str, w: wl.Workload) -> tuple[dict, RftSide]:
   side.step(0, extra=False)
   t2 = time.time()
   return {'end_time': t2, 'import_s': T_IMPORTED - T_START, 'setup_s': t1 - t0,
-          'first_step_s': t2 - t1, 'compile_s': clock.seconds, 'xla_compiles': clock.compiles,
+          'first_step_s': t2 - t1, 'compile_s': clock.seconds,
+          'xla_compiles': len(clock.programs), 'programs': clock.programs,
           'cache_hits': clock.cache_hits}, side
 
 
