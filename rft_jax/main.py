@@ -85,6 +85,7 @@ def main(argv: Sequence[str]) -> int:
     flags.FLAGS.mark_as_parsed()
   # pylint: disable-next=g-import-not-at-top
   from rft_jax import compile_cache, components, runs
+  from rft_jax.checkpoint_errors import CheckpointReadError  # pylint: disable=g-import-not-at-top
   compile_cache.enable()   # compiled programs are kept on disk for the next run
   # SIGTERM during set-up stops at once (exit 75), Ctrl-C too (KeyboardInterrupt, exit 130);
   # the step loop then installs its own handler, which finishes the current step and
@@ -104,6 +105,11 @@ def main(argv: Sequence[str]) -> int:
     return USAGE_ERROR
   except runs.TrainingError as e:
     print(f'error: {_one_line(str(e))}', file=sys.stderr)
+    return 1
+  except CheckpointReadError as e:   # an item of the checkpoint resumed from: it is not good
+    print(f'error: {e.strerror}: {e.filename}; the checkpoint is left in place: put that back, '
+          f'or move {os.path.dirname(e.filename)} aside to resume from the checkpoint before it, '
+          'and run the same command', file=sys.stderr)
     return 1
   except OSError as e:   # e.g. a full disk writing incidents.md at the end (the telemetry
     # sinks, incidents.jsonl and a failed checkpoint save report it and go on)

@@ -206,7 +206,8 @@ def test_a_run_resumed_between_a_second_reset_and_its_undo_puts_back_the_first(t
   assert copies.copies == {1: 4, 2: 4, 3: 4, 4: 5, 5: 5, 6: 6, 7: 6, 8: 5, 9: 5, 10: 5}
 
   # Checkpoint 6 unverified (no manifest) and its item gone: the command says so in one line
-  # naming the item's directory, exit 1, checkpoint 6 left in place (was: orbax's KeyError).
+  # naming the item's directory and what to do, exit 1, checkpoint 6 left in place (was: orbax's
+  # KeyError; then main.py's line for a failed write, 'with its last good checkpoint kept').
   broken = tmp_path / 'broken'
   shutil.copytree(old, broken)
   os.remove(broken / 'checkpoints' / '6' / checkpoint.MANIFEST)
@@ -217,8 +218,8 @@ def test_a_run_resumed_between_a_second_reset_and_its_undo_puts_back_the_first(t
   assert status == 1 and err == (
       "error: checkpoint 6's reference_before_reset item (the reference an undo of the watched "
       f"reference reset puts back) is missing: {broken}/checkpoints/6/reference_before_reset; "
-      f'the run stopped with its last good checkpoint kept in {broken}; fix that and run the '
-      'same command to resume'), err
+      f'the checkpoint is left in place: put that back, or move {broken}/checkpoints/6 aside to '
+      'resume from the checkpoint before it, and run the same command'), err
   assert sorted(os.listdir(broken / 'checkpoints')) == ['2', '4', '6']
   # The checkpointer was closed: orbax's logging is not left muted (Quiet's filters).
   assert [logging.getLogger(n).filters for n in ('absl', 'orbax', 'asyncio')] == [[], [], []]
