@@ -82,7 +82,8 @@ def test_validate_only_refuses_a_mesh_that_cannot_split_the_batch():
        'config.sft.batch_size=12 is not divisible by config.mesh data*fsdp=1*8=8'),
   ]
   env = {k: v for k, v in os.environ.items()
-         if k not in ('JAX_COORDINATOR_ADDRESS', 'RFT_DISTRIBUTED')}
+         if k not in ('JAX_COORDINATOR_ADDRESS', 'RFT_DISTRIBUTED', 'JAX_NUM_PROCESSES',
+                      'JAX_PROCESS_ID')}
   env.update(JAX_PLATFORMS='cpu', PYTHONPATH=REPO,
              XLA_FLAGS='--xla_force_host_platform_device_count=8')
   done = subprocess.run([sys.executable, '-c', _VALIDATE, json.dumps([a for a, _ in cases])],
