@@ -108,8 +108,8 @@ def main():
     try:
       mesh = meshlib.make_mesh(dict(zip(meshlib.MESH_AXES, shape)))
       meshlib.check_model_fits_mesh(c.model_cfg, mesh)
-      meshlib.check_batch_fits_mesh(rows, mesh, 'rollout rows')
-    except meshlib.MeshError as e:
+      components.check_batch_splits(config, mesh)   # the rows in algo.microbatches, as the run
+    except (meshlib.MeshError, components.SetupError) as e:
       print(f'{label:>15} | skipped: {e}')
       continue
     with jax.set_mesh(mesh) if not args.no_set_mesh else contextlib.nullcontext():
