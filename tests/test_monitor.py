@@ -321,3 +321,16 @@ def test_false_alarm_tool_rejects_too_few_steps_in_one_line(capsys):
   assert 'at least 82' in capsys.readouterr().err
   monitor_false_alarms.main(['--traces', '1', '--steps', '81'])   # the minimum runs
   assert 'credit_assignment' in capsys.readouterr().out
+
+
+def test_from_reference_traces_start_at_zero_kl_and_keep_the_other_draws():
+  """healthy_trace(from_reference=True): KL exactly 0 at the first step (policy == reference),
+  then a steep rise under the lr warm-up; every signal but kl, lr, update_norm and loss is the
+  default trace's of the same seed."""
+  plain = synthetic.healthy_trace(np.random.default_rng(5), 60)
+  ref = synthetic.healthy_trace(np.random.default_rng(5), 60, from_reference=True)
+  assert ref['kl'][0] == 0.0 and np.median(ref['kl'][20:]) > 30 * max(ref['kl'][1], 1e-6)
+  assert ref['lr'][0] < ref['lr'][-1] and np.all(np.diff(ref['lr']) >= 0)
+  for name in plain:
+    if name not in ('kl', 'lr', 'update_norm', 'loss'):
+      np.testing.assert_array_equal(plain[name], ref[name], err_msg=name)

@@ -7,12 +7,15 @@
 1. Runs the monitor over `traces` healthy traces (rft_jax.monitor.synthetic.healthy_trace) and
    prints false alarms per 1,000 steps, in total and by signature (target: <= 1 in total), and
    the share of traces with any alarm; then the same for `traces` healthy traces whose reward
-   rises within the warm-up and levels off (healthy_trace(early_rise=True)).
+   rises within the warm-up and levels off (healthy_trace(early_rise=True)), and for `traces`
+   runs from the reference under an lr warm-up (KL exactly 0 at the first step, then a steep
+   rise to a plateau: healthy_trace(from_reference=True)).
 2. For every fault class, injects it into `traces` fresh healthy traces at a random onset in
    [warmup + 30, steps - 40) and prints: detection rate (a signature of the right class fires
    within `window` steps of onset), median and 90th-percentile delay of the detections, the
    fraction where the right class is the first diagnosis (earliest firing, ties broken by
-   signatures.rank_key), and false alarms per 1,000 steps before onset.
+   signatures.rank_key), and false alarms per 1,000 steps before onset. Then the same with
+   faults injected into runs from the reference.
 
 All traces of a batch run as one monitor batch ([N] per signal) in one jitted lax.scan over steps.
 A bad --steps or --set is one line on stderr, exit 2.
@@ -30,6 +33,11 @@ from rft_jax.monitor import signatures as sigs
 from rft_jax.monitor import synthetic
 from rft_jax.monitor.monitor import MonitorConfig, run_monitor
 from tools.checkpoint import usage_exit
+
+
+# (label, synthetic.healthy_trace keywords) of the healthy trace families.
+FAMILIES = (('', {}), (', reward rising within the warm-up', {'early_rise': True}),
+            (', from the reference under an lr warm-up', {'from_reference': True}))
 
 
 @functools.partial(jax.jit, static_argnames='cfg')
@@ -55,22 +63,24 @@ def first_diagnosis(fired_tk: np.ndarray, score_tk: np.ndarray, start: int):
   return t, best
 
 
-def false_alarms(cfg: MonitorConfig, n: int, steps: int, seed: int, early_rise: bool = False):
+def false_alarms(cfg: MonitorConfig, n: int, steps: int, seed: int, **family):
   """-> (alarms per 1,000 steps, {signature: alarms per 1,000 steps}, share of traces with any
-  alarm) on n healthy traces (synthetic.healthy_trace(..., early_rise))."""
+  alarm) on n healthy traces (synthetic.healthy_trace(..., **family): early_rise,
+  from_reference)."""
   rng = np.random.default_rng(seed)
-  fired, _ = fired_matrix([synthetic.healthy_trace(rng, steps, early_rise) for _ in range(n)],
-                          cfg)
+  fired, _ = fired_matrix([synthetic.healthy_trace(rng, steps, **family) for _ in range(n)], cfg)
   per_sig = fired.sum((0, 1)) * 1000.0 / (n * steps)
   return (float(per_sig.sum()), dict(zip(sigs.SIGNATURE_NAMES, per_sig.tolist())),
           float(fired.any((1, 2)).mean()))
 
 
-def detection(cfg: MonitorConfig, fault: str, n: int, steps: int, seed: int, window: int = 10):
-  """Detection statistics of one fault class over n faulty traces (see module doc)."""
+def detection(cfg: MonitorConfig, fault: str, n: int, steps: int, seed: int, window: int = 10,
+              **family):
+  """Detection statistics of one fault class over n faulty traces (see module doc), injected
+  into synthetic.healthy_trace(..., **family)."""
   rng = np.random.default_rng(seed)
   onsets = rng.integers(cfg.warmup + 30, steps - 40, n)
-  traces = [synthetic.inject(synthetic.healthy_trace(rng, steps), fault, int(o), rng=rng)
+  traces = [synthetic.inject(synthetic.healthy_trace(rng, steps, **family), fault, int(o), rng=rng)
             for o in onsets]
   fired, score = fired_matrix(traces, cfg)
   is_class = np.array([s.fault_class == fault for s in sigs.SIGNATURES])
@@ -111,21 +121,21 @@ def main(argv=None):
     raise usage_exit(f'--steps={args.steps}: at least {min_steps} (faults start in [warmup + 30, '
                      f'steps - 40) with warmup={cfg.warmup})')
 
-  for early_rise in (False, True):
-    total, per_sig, runs = false_alarms(cfg, args.traces, args.steps, args.seed, early_rise)
-    print(f"healthy{', reward rising within the warm-up' if early_rise else ''}: "
-          f'{args.traces} traces x {args.steps} steps')
+  for label, family in FAMILIES:
+    total, per_sig, runs = false_alarms(cfg, args.traces, args.steps, args.seed, **family)
+    print(f'healthy{label}: {args.traces} traces x {args.steps} steps')
     print(f'false_alarms_per_1k_steps {total:.3f} (traces with an alarm: {runs:.3f})')
     for name, rate in per_sig.items():
       if rate > 0:
         print(f'  {name:28s} {rate:.3f}')
-  print(f'faulty: {args.traces} traces per class, detection window {args.window} steps')
-  print(f'{"fault_class":20s} {"detected":>8s} {"median":>6s} {"p90":>5s} {"first_ok":>8s} '
-        f'{"pre_fa/1k":>9s}')
-  for j, fault in enumerate(synthetic.FAULT_CLASSES):
-    r = detection(cfg, fault, args.traces, args.steps, args.seed + 1 + j, args.window)
-    print(f'{fault:20s} {r["detected"]:8.3f} {r["median_delay"]:6.1f} {r["p90_delay"]:5.1f} '
-          f'{r["first_correct"]:8.3f} {r["pre_onset_false_per_1k"]:9.3f}')
+  for label, family in (FAMILIES[0], FAMILIES[2]):
+    print(f'faulty{label}: {args.traces} traces per class, detection window {args.window} steps')
+    print(f'{"fault_class":20s} {"detected":>8s} {"median":>6s} {"p90":>5s} {"first_ok":>8s} '
+          f'{"pre_fa/1k":>9s}')
+    for j, fault in enumerate(synthetic.FAULT_CLASSES):
+      r = detection(cfg, fault, args.traces, args.steps, args.seed + 1 + j, args.window, **family)
+      print(f'{fault:20s} {r["detected"]:8.3f} {r["median_delay"]:6.1f} {r["p90_delay"]:5.1f} '
+            f'{r["first_correct"]:8.3f} {r["pre_onset_false_per_1k"]:9.3f}')
 
 
 if __name__ == '__main__':

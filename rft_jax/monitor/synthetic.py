@@ -14,6 +14,12 @@ verifiable task, with every speed and noise level randomised per trace:
   response/clip_frac   ~0.03 +- 0.02 (spikes with length)
   grad_norm            lognormal around U(.3,.8), sd U(.1,.3), x2-3 spikes on 0.5-3% of steps
   mismatch             ~1e-7 lognormal; invariants exactly 0; lr constant.
+  from_reference       (a family) the policy starts at the reference under an lr warm-up of
+                       Tw ~ U(3,10) steps, as a real GRPO run (FaultBench's: KL 0, 2e-4, 9e-4,
+                       8e-3, ... 0.2 by step 11): lr x min((t+1)/Tw, 1), update_norm x that^0.6,
+                       kl = kl_p min(t/Tr, 1)^p (1 + g max(t-Tr, 0)/T) * lognormal(sd_kl):
+                       exactly 0 at t=0, Tr = Tw + U(2,8), p ~ U(2,4), kl_p ~ U(.05,.3),
+                       g ~ U(0,1), sd_kl ~ U(.2,.45). Its draws come from rng.spawn too.
   invariant/adv_*_disagreement  from a simulated batch per step (credit_batch_stats): 16 prompts
                        x 8 completions, per-prompt solve rate p_t + N(0, .25) clipped, reward =
                        correct + 0.1 * format (format 1 when correct, else ~Bernoulli(.9)),
@@ -32,17 +38,20 @@ FAULT_CLASSES: tuple[str, ...] = (
     'nan_loss', 'credit_assignment')
 
 
-def healthy_trace(rng: np.random.Generator, steps: int = 300,
-                  early_rise: bool = False) -> dict[str, np.ndarray]:
+def healthy_trace(rng: np.random.Generator, steps: int = 300, early_rise: bool = False,
+                  from_reference: bool = False) -> dict[str, np.ndarray]:
   """One healthy run: metric name -> [steps] float64 (see module doc for the model).
 
   early_rise: the reward's sigmoid is centred at U(-2, 10) steps with width U(2, 8) steps, so
   most of the rise falls within the monitor's warm-up and the reward then levels off (RL from an
   SFT policy on an easy task: the arithmetic recipe gains ~0.25 in its first 10 steps). The
   same random draws as without it, so the traces differ only in that curve.
+  from_reference: KL, lr and update_norm of a run from the reference under an lr warm-up (module
+  doc); the other signals are those of the same draws without it.
   """
   t = np.arange(steps, dtype=np.float64)
   u = rng.uniform
+  credit_rng = rng.spawn(1)[0]     # before from_reference's spawn: the same child either way
 
   def noise(sd):
     return rng.normal(0.0, sd, steps)
@@ -80,7 +89,7 @@ def healthy_trace(rng: np.random.Generator, steps: int = 300,
   update = u(5e-4, 2e-3) * lognormal(u(0.03, 0.1)) * (grad / g0) ** 0.2
   loss = noise(u(0.005, 0.03)) + 0.04 * kl
   zeros = np.zeros(steps)
-  return {
+  out = {
       'reward/mean': reward, 'reward/std': reward_std, 'reward/zero_std_frac': zero_std,
       'reward/correct/mean': correct, 'response/len_mean': length, 'response/clip_frac': trunc,
       'kl': kl, 'entropy': entropy, 'clip_frac': u(0.002, 0.02) * lognormal(0.3),
@@ -89,8 +98,27 @@ def healthy_trace(rng: np.random.Generator, steps: int = 300,
       'mismatch/logp_abs_diff': u(5e-8, 3e-7) * lognormal(0.2),
       'lr': np.full(steps, 10 ** u(-6, -5)),
       'invariant/group_adv_mean_max': zeros.copy(), 'invariant/prompt_loss_tokens': zeros.copy(),
-      **credit_batch_stats(rng.spawn(1)[0], np.clip(p, 0, 1)),
+      **credit_batch_stats(credit_rng, np.clip(p, 0, 1)),
   }
+  if from_reference:
+    kl_ref, out['lr'], out['update_norm'] = _from_reference(rng.spawn(1)[0], t, out['lr'], update)
+    out['loss'] += 0.04 * (kl_ref - kl)
+    out['kl'] = kl_ref
+  return out
+
+
+def _from_reference(rng: np.random.Generator, t: np.ndarray, lr: np.ndarray,
+                    update: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(kl, lr, update_norm) [T] of a run that starts at the reference under an lr warm-up
+  (module doc, from_reference)."""
+  u = rng.uniform
+  ramp = np.minimum((t + 1) / u(3, 10), 1.0)                  # lr warm-up factor
+  rise = u(2, 8) + (1 / ramp[0])                              # Tr = Tw + U(2, 8) steps
+  sd = u(0.2, 0.45)
+  kl = (u(0.05, 0.3) * np.minimum(t / rise, 1.0) ** u(2, 4)
+        * (1 + u(0, 1) * np.maximum(t - rise, 0) / len(t))
+        * np.exp(rng.normal(0.0, sd, len(t)) - sd * sd / 2))
+  return kl, lr * ramp, update * ramp ** 0.6
 
 
 def _group_disagreement(a, x, valid):
