@@ -148,7 +148,14 @@ class OnlinePairs:
 
 
 def run(config, workdir: str, hooks_extra=()) -> dict:
-  """Trains config's DPO recipe in workdir (resuming if possible). Returns summary.json's dict."""
+  """Trains config's DPO recipe in workdir (resuming if possible). Returns summary.json's dict.
+  What the run opens (data readers, checkpointer, sinks, reward workers) is closed when it
+  ends, however it ends (runs.RunScope)."""
+  with runs.RunScope() as scope:
+    return _run(config, workdir, hooks_extra, scope)
+
+
+def _run(config, workdir: str, hooks_extra, scope: runs.RunScope) -> dict:
   t_start = time.time()
   os.makedirs(workdir, exist_ok=True)
   c = components.build(config)
@@ -172,7 +179,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
         source, c.tokenizer, seed=config.seed, max_prompt_len=config.task.max_prompt_len,
         answer_len=config.dpo.answer_len, **share))
     completion_len = config.dpo.answer_len
-  opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra,
+  opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra, scope=scope,
                          console_keys=ONLINE_CONSOLE_KEYS if online else CONSOLE_KEYS)
   state, shardings, ckpt, meta, hooks, start, _ = opened
   hooks.on_message(f'memory estimate: {memory_est.describe()}')
@@ -187,6 +194,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
   if online:
     make_batch = OnlinePairs(config, c, data_it, ref_params, batch_sh, rep,
                              kept=lambda: runs.kept_note(ckpt, workdir))
+    scope.callback(make_batch.close)   # its reward workers
   else:
     t0 = time.time()
     try:
@@ -240,7 +248,6 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
     raise
   finally:
     stop.restore()
-    make_batch.close()
   runs.ensure_final_eval(meta, evaluator, state.params, hooks, total)
   summary = runs.make_summary(config, meta['base_eval'], meta['final_eval'], total,
                               wall_before + time.time() - t_start)

@@ -10,8 +10,10 @@
   workdir/run.png               the run's main signals
   workdir/summary.json          base vs final held-out accuracy, steps, wall seconds
 """
+import contextlib
 import json
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -164,9 +166,28 @@ def make_summary(config, base_eval: dict, final_eval: dict, steps: int, wall_s: 
   }
 
 
-def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra=(),
-             console_keys=sinks.DEFAULT_CONSOLE_KEYS, controls=None, monitor=None, extra=None,
-             uses_reference=True):
+class RunScope(contextlib.ExitStack):
+  """What an open run holds (data iterator, checkpointer and sinks from open_run, the loops'
+  reward workers: `callback(close)`), closed last-added first when the run's `with` block ends,
+  however it ends: a finished or stopped run's finish_run / close_stopped_run closed some already
+  (twice is harmless); any other error (the base eval, a worker start, a restore, SIGTERM in
+  set-up) leaves no workers, threads, open files or orbax logging muted (after a failed restore)
+  in a process that goes on (api.train in a notebook). The error goes on unchanged: a close
+  failing under it is a line on stderr."""
+
+  def __exit__(self, exc_type, exc, tb) -> bool:
+    if exc is None:
+      return super().__exit__(exc_type, exc, tb)
+    try:
+      super().__exit__(exc_type, exc, tb)
+    except Exception as e:  # pylint: disable=broad-exception-caught  (the run's error goes on)
+      print(f'closing the stopped run: {type(e).__name__}: {e}', file=sys.stderr)
+    return False
+
+
+def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra=(), *,
+             scope: RunScope, console_keys=sinks.DEFAULT_CONSOLE_KEYS, controls=None,
+             monitor=None, extra=None, uses_reference=True):
   """Creates or resumes a run -> (state, state shardings, checkpointer, meta, hooks, start step).
 
   Resuming restores the train state onto this mesh, the data iterator and the run metadata from
@@ -175,19 +196,19 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
   adaptive KL state: rft_jax/algorithms/ppo.py extra_state), already placed; checkpointed too.
   uses_reference: the run rebuilds a reference policy from the initial one (KL, DPO), so a
   resume must start from the same initial policy (initial_policy.check).
+  scope: the caller's RunScope; data_it, the checkpointer and the sinks are closed with it.
   """
+  scope.callback(data_it.close)
   check_workdir_config(config, workdir)
   shardings = state_shardings(c, tx, controls, monitor)
   state = init_state(c.params, tx, shardings, controls, monitor)
   if extra is not None:
     shardings, state = shardings.replace(**extra[1]), state.replace(**extra[0])
   ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'), keep=config.train.keep_checkpoints)
-  try:   # the reference policy is rebuilt from the initial one: resuming must not swap it
-    resuming = uses_reference and ckpt.latest_step()
-    initial = initial_policy.check(config, workdir) if resuming else None
-  except components.SetupError:
-    ckpt.close()
-    raise
+  scope.callback(ckpt.close)
+  # The reference policy is rebuilt from the initial one: resuming must not swap it.
+  resuming = uses_reference and ckpt.latest_step()
+  initial = initial_policy.check(config, workdir) if resuming else None
   meta, start, reference = {}, 0, None
   while ckpt.latest_step():   # newest first; one that fails to restore is set aside
     start = ckpt.latest_step()
@@ -199,7 +220,6 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
       first = str(e).splitlines()[0] if str(e) else ''
       reason = f'{type(e).__name__}: {first.split(". See full TensorStore details")[0]}'
       if ckpt.verified(start):   # its files are intact, so it is this config that differs
-        ckpt.close()
         raise components.SetupError(
             f'checkpoint {start} in {workdir} does not fit this config ({reason}); resume with '
             'the config that wrote it, or use a new --workdir') from None
@@ -209,7 +229,6 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
     data_it.set_state(data_state)
     break
   if start > config.train.steps and 'final_eval' not in meta:
-    ckpt.close()
     raise components.SetupError(
         f'config.train.steps={config.train.steps} is below the step of the unfinished run in '
         f'{workdir} (checkpoint {start}); set train.steps to {start} or more to finish it')
@@ -228,6 +247,7 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
       tensorboard=config.telemetry.tensorboard, total_steps=config.train.steps,
       resume_step=start, console_keys=console_keys,
       wandb_project=config.telemetry.get('wandb_project', ''), run_name=config.name)
+  scope.callback(hooks.close)
   for h in hooks_extra:
     hooks.append(h)
   for problem in ckpt.problems:   # corrupt or partial checkpoints: reported, never loaded

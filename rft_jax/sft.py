@@ -19,7 +19,14 @@ from rft_jax.parallel import mesh as meshlib
 
 
 def run(config, workdir: str, hooks_extra=()) -> dict:
-  """Trains config's SFT recipe in workdir (resuming if possible). Returns summary.json's dict."""
+  """Trains config's SFT recipe in workdir (resuming if possible). Returns summary.json's dict.
+  What the run opens (data readers, checkpointer, sinks) is closed when it ends, however it
+  ends (runs.RunScope)."""
+  with runs.RunScope() as scope:
+    return _run(config, workdir, hooks_extra, scope)
+
+
+def _run(config, workdir: str, hooks_extra, scope: runs.RunScope) -> dict:
   t_start = time.time()
   os.makedirs(workdir, exist_ok=True)
   c = components.build(config)
@@ -31,7 +38,7 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
       answer_len=config.sft.answer_len, seed=config.seed,
       teacher_error_rate=config.sft.teacher_error_rate,
       **components.process_share(config.sft.batch_size, 'sft.batch_size')))
-  opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra,
+  opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra, scope=scope,
                          console_keys=(('loss', 'loss'), ('token_acc', 'token acc')),
                          uses_reference=False)
   state, shardings, ckpt, meta, hooks, start, _ = opened

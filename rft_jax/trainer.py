@@ -26,7 +26,6 @@ from rft_jax import config as config_lib
 from rft_jax.algorithms import kl_control, ppo
 from rft_jax.algorithms import step_fns as step_fns_lib
 from rft_jax.algorithms import train_state as ts
-from rft_jax.checkpoint import CheckpointReadError
 from rft_jax.models import functional as lm
 from rft_jax.monitor import credit
 from rft_jax.monitor import monitor as monlib
@@ -94,14 +93,17 @@ def run(config, workdir: str, hooks_extra=()) -> dict:
 
   Everything is traced under jax.set_mesh(config's mesh), so the model's activation sharding
   constraints (rft_jax/parallel/rules.py constrain) act in the sampler and the train step.
+  What the run opens (data readers, checkpointer, sinks, reward workers) is closed when it
+  ends, however it ends (runs.RunScope).
   """
   t_start = time.time()
   c = components.build(config)   # outside the mesh context: params are placed explicitly
-  with jax.set_mesh(c.mesh):
-    return _run(config, workdir, hooks_extra, c, t_start)
+  with jax.set_mesh(c.mesh), runs.RunScope() as scope:
+    return _run(config, workdir, hooks_extra, c, t_start, scope)
 
 
-def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: float) -> dict:
+def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: float,
+         scope: runs.RunScope) -> dict:
   from rft_jax.data import pipeline  # pylint: disable=g-import-not-at-top  (grain)
   os.makedirs(workdir, exist_ok=True)
   mode, mcfg, watch_steps, lr_factor = monitor_settings(config)
@@ -125,7 +127,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
       c.train_source, c.tokenizer, max_prompt_len=config.task.max_prompt_len, seed=config.seed,
       bad_records=skipped, **share))
   controls0 = Controls(kl_coef=algo.kl_coef, temperature=config.rollout.temperature)
-  opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra,
+  opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra, scope=scope,
                          controls=device_controls(controls0, config, 1),
                          monitor=monlib.init_monitor(mcfg) if mcfg else None,
                          extra=ppo.extra_state(c, algo, **critic_opt),
@@ -153,13 +155,8 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   if reset_ref is not None:   # remediation had reset the reference policy before the checkpoint
     ref_params = reset_ref
   # (ref_params, reset_ref) before the watched reset (its first one), checkpointed for its undo.
-  try:
-    ref_before_reset = incidents.resumed_undo_reference(
-        ckpt, start, meta, remediator, initial_ref, c.param_shardings, hooks) if start else None
-  except CheckpointReadError:   # its copy in the checkpoint: one line (main.py), before anything
-    hooks.close()               # else starts; the checkpointer closed unmutes orbax's logging
-    ckpt.close()
-    raise
+  ref_before_reset = incidents.resumed_undo_reference(
+      ckpt, start, meta, remediator, initial_ref, c.param_shardings, hooks) if start else None
   incident_log = incidents.IncidentLog(workdir, start)
   live_fit = scaling_live.LiveFit.from_config(config, meta)   # no-op unless scaling.live_every
   watched = incidents.watched(config)   # the monitor or the live scaling fit
@@ -199,6 +196,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
     hard_it = hostdata.GlobalBatches(pipeline.prompt_batches(
         faults.hard_arith_records(c.train_source), c.tokenizer,
         max_prompt_len=config.task.max_prompt_len, seed=config.seed + 1, **share))
+    scope.callback(hard_it.close)
   observe_fn = make_observe(mcfg, algo, rollout_rows, shardings, rep)
   evaluator = evaluation.Evaluator(
       c.graphdef, c.model_cfg, c.tokenizer, components.eval_batch(c, config),
@@ -207,6 +205,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   runner = RewardRunner(dict(config.rewards.weights), timeout_s=config.rewards.timeout_s,
                         num_workers=config.rewards.num_workers,
                         memory_mb=config.rewards.get('memory_mb', 0))
+  scope.callback(runner.close)
   runner.start(wait=False)   # the workers import while the first step compiles
   rollout_stage = rollouts.RolloutStage(
       config, algo, data_it, c.tokenizer, runner, sampler,
@@ -356,7 +355,6 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
     raise
   finally:
     stop.restore()
-    runner.close()
   report()
   runs.ensure_final_eval(meta, evaluator, state.params, hooks, total)
   summary = runs.make_summary(config, meta['base_eval'], meta['final_eval'], total,

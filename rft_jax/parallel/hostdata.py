@@ -124,3 +124,8 @@ class GlobalBatches:
                          f'{count} processes')
       state = {'next_index': state['next_index'] // count}
     self.local_it.set_state(state)
+
+  def close(self) -> None:
+    """Ends the inner iterator's reading threads (grain's prefetch), as its garbage collection
+    would: a failed run's traceback keeps the iterator alive (runs.RunScope closes it)."""
+    getattr(self.local_it, 'close', lambda: None)()
