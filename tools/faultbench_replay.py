@@ -7,8 +7,9 @@ with other knobs would log: replaying the monitor (tools.monitor_replay.replay, 
 jitted update) over SRC/runs/<name>/metrics.jsonl with the run's own knobs (its config.json)
 overridden by --set gives the incidents that run would have raised, in seconds instead of a
 rerun. Each warn-mode record of SRC/results.jsonl gets those incidents (and `monitor`: its
-run's --set knobs, then these); auto-mode records are left out (the monitor's actions changed their training, so
-another monitor would have trained another run), as are records whose run failed (`error`).
+run's --set knobs, then these); auto-mode records are left out (the monitor's actions changed
+their training, so another monitor would have trained another run), as are records whose run
+failed (`error`).
 """
 from __future__ import annotations
 
