@@ -345,6 +345,12 @@ class Checkpointer:
     finally:
       self._quiet.close()
 
+  def __enter__(self) -> 'Checkpointer':
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
 
 def check_params_out(path: str) -> None:
   """FileExistsError unless `path` is absent, empty, or a params directory written before (it

@@ -59,6 +59,7 @@ def open_run_checkpoint(workdir: str, step: int | None):
   steps = ckpt.all_steps()
   step = step if step is not None else ckpt.latest_step()
   if step is None or step not in steps:
+    ckpt.close()
     where = f'at step {step} ' if step is not None else ''
     raise usage_exit(f'no checkpoint {where}in {directory} (there: '
                      f'{", ".join(map(str, steps)) or "none"})')
@@ -142,7 +143,8 @@ def export(args) -> None:
     raise usage_exit(str(e)) from None
   ckpt, step = open_run_checkpoint(args.workdir, args.step)
   try:
-    state, *_ = ckpt.restore(step, runs.init_state(c.params, tx, shardings), shardings)
+    with ckpt:   # closed however the restore ends (a failed one leaves orbax's logging muted)
+      state, *_ = ckpt.restore(step, runs.init_state(c.params, tx, shardings), shardings)
   except ValueError as e:   # shapes of a run this config does not build (no config.json)
     raise usage_exit(f'checkpoint {step} in {args.workdir} does not fit this config '
                      f'({str(e).splitlines()[0]})') from None

@@ -57,7 +57,8 @@ def main(argv=None):
   like = runs.init_state(c.params, tx, shardings)
   check_out(args.out)   # before anything is read: a mistyped --out was deleted whole
   ckpt, step = open_run_checkpoint(args.workdir, args.step)
-  state, _, meta, _ = ckpt.restore(step, like, shardings)
+  with ckpt:   # closed however the restore ends (a failed one leaves orbax's logging muted)
+    state, _, meta, _ = ckpt.restore(step, like, shardings)
   if os.path.exists(args.out):
     shutil.rmtree(args.out)   # an earlier params directory (check_params_out)
   checkpoint.save_params(args.out, state.params)
