@@ -129,13 +129,17 @@ def test_inspect_of_a_directory_that_holds_no_checkpoint_is_bad_input(tmp_path, 
 
 
 def test_inspect_a_run_checkpoint_step(run_dir, capsys):
-  """RUN/checkpoints/<step> (its train state) and the state item itself."""
+  """RUN/checkpoints/<step> (its train state) and the state item itself; absl's verbosity is
+  put back after (it was left at ERROR for the rest of the process)."""
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   step_dir = os.path.join(run_dir, 'checkpoints', '1')
+  verbosity = absl_logging.get_verbosity()
   for path in (step_dir, os.path.join(step_dir, 'state')):
     checkpoint_tool.inspect(path)
     out = capsys.readouterr().out
     assert 'params.norm.weight' in out and 'orbax pytree: ' in out, out
     assert 'orbax pytree: 0 numbers' not in out
+    assert absl_logging.get_verbosity() == verbosity
 
 
 def test_is_run_workdir(tmp_path):
