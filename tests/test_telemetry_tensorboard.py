@@ -136,3 +136,46 @@ def test_make_sinks(tmp_path):
   assert _read_scalars(str(tmp_path / 'tb'))['kl'] == [(1, 0.5)]
   hl = sinks.make_sinks(tmp_path, jsonl=False, tensorboard=False)
   assert [type(h).__name__ for h in hl] == ['ConsoleSink']
+
+
+def _open_files_under(path):
+  """The files under `path` this process holds open (Linux /proc)."""
+  fds = '/proc/self/fd'
+  held = []
+  for fd in os.listdir(fds):
+    try:
+      target = os.readlink(os.path.join(fds, fd))
+    except OSError:   # the listing's own descriptor, closed by now
+      continue
+    if target.startswith(str(path)):
+      held.append(target)
+  return held
+
+
+def _event_threads():
+  import threading  # pylint: disable=g-import-not-at-top
+  return [t for t in threading.enumerate() if type(t).__name__ == '_EventLoggerThread']
+
+
+@pytest.mark.skipif(not os.path.isdir('/proc/self/fd'), reason='reads /proc/self/fd')
+def test_make_sinks_closes_the_sinks_made_when_a_later_one_fails(tmp_path, monkeypatch):
+  """A sink that cannot be made left the ones before it open: metrics.jsonl, and TensorBoard's
+  event file and writer thread (when W&B failed to start). They are closed now, and the error
+  propagates as it was (one line)."""
+  threads = len(_event_threads())
+  (tmp_path / 'tb').write_text('')   # TensorBoard's logdir is a file: its sink fails
+  with pytest.raises(NotADirectoryError) as e:
+    sinks.make_sinks(tmp_path, console=False)
+  assert e.value.errno == 20 and len(str(e.value).splitlines()) == 1
+  assert _open_files_under(tmp_path) == []   # metrics.jsonl was still open
+  (tmp_path / 'tb').unlink()
+
+  def wandb_fails(*args, **kwargs):
+    raise RuntimeError('wandb.init: no network')
+  monkeypatch.setattr(sinks, 'WandbSink', wandb_fails)
+  with pytest.raises(RuntimeError, match='^wandb.init: no network$') as e:
+    sinks.make_sinks(tmp_path, console=False, wandb_project='p')
+  assert _open_files_under(tmp_path) == [] and len(_event_threads()) == threads, (
+      _open_files_under(tmp_path))
+  assert (tmp_path / 'metrics.jsonl').read_text() == ''
+  assert _read_scalars(str(tmp_path / 'tb')) == {}   # the event file is whole

@@ -284,18 +284,27 @@ def make_sinks(workdir: str | os.PathLike, *, console: bool = True,
                total_steps: int = 0, resume_step: int = 0,
                console_keys: Sequence[tuple[str, str]] = DEFAULT_CONSOLE_KEYS,
                wandb_project: str = '', run_name: str = '') -> HookList:
-  """The standard sinks for a run: console, workdir/metrics.jsonl, workdir/tb."""
+  """The standard sinks for a run: console, workdir/metrics.jsonl, workdir/tb (and W&B).
+
+  A sink that cannot be made (tb a file, W&B failing to start) closes those already made (the
+  JSONL file, TensorBoard's writer thread and event file) before its error propagates as it was.
+  """
   workdir = os.fspath(workdir)
   hooks = HookList()
-  if console:
-    hooks.append(ConsoleSink(keys=console_keys, total_steps=total_steps))
-  if jsonl:
-    hooks.append(JsonlSink(os.path.join(workdir, 'metrics.jsonl'),
-                           resume_step=resume_step))
-  if tensorboard:
-    hooks.append(TensorBoardSink(os.path.join(workdir, 'tb'),
-                                 resume_step=resume_step))
-  if wandb_project:
-    hooks.append(WandbSink(wandb_project, run_name or os.path.basename(workdir), workdir,
-                           resume_step=resume_step))
+  try:
+    if console:
+      hooks.append(ConsoleSink(keys=console_keys, total_steps=total_steps))
+    if jsonl:
+      hooks.append(JsonlSink(os.path.join(workdir, 'metrics.jsonl'),
+                             resume_step=resume_step))
+    if tensorboard:
+      hooks.append(TensorBoardSink(os.path.join(workdir, 'tb'),
+                                   resume_step=resume_step))
+    if wandb_project:
+      hooks.append(WandbSink(wandb_project, run_name or os.path.basename(workdir), workdir,
+                             resume_step=resume_step))
+  except BaseException:   # Ctrl-C too: nothing made here outlives the call
+    with contextlib.suppress(Exception):   # the first error is the one to report
+      hooks.close()
+    raise
   return hooks
