@@ -21,6 +21,7 @@ train() again with the same workdir resumes. Importing this module does not impo
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -82,12 +83,31 @@ def validate(config: ml_collections.ConfigDict) -> None:
   the files and devices it names (components.check_setup: model.path's config.json and weight
   headers, the tokenizer, init_from's shapes, GSM8K's data, config.mesh against the devices
   here; SetupError), one line each. None when `train(config)` can start. `config` is not
-  modified; JAX starts on the devices, as train() would."""
+  modified. Counting the devices starts JAX's backend, without preallocating accelerator memory
+  (`_no_preallocation`; the CLI's --validate_only is this call): a train() later in the same
+  process then allocates as it goes, unless XLA_PYTHON_CLIENT_PREALLOCATE was set before."""
   check_arg('validate', config, 'config')
   config = copy.deepcopy(config)
   config_lib.validate(config)
   from rft_jax import components  # pylint: disable=g-import-not-at-top
-  components.check_setup(config)
+  with _no_preallocation():
+    components.check_setup(config)
+
+
+@contextlib.contextmanager
+def _no_preallocation():
+  """XLA_PYTHON_CLIENT_PREALLOCATE=false inside, unless it is set; restored after (a shell
+  command a notebook runs next keeps JAX's default). A GPU backend started inside allocates as
+  it goes: with JAX's default it would take 75% of the GPU's memory at once, which on a GPU a
+  run already trains on fails or starves that run. A backend started before is left as it is."""
+  if 'XLA_PYTHON_CLIENT_PREALLOCATE' in os.environ:
+    yield
+    return
+  os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'] = 'false'
+  try:
+    yield
+  finally:
+    os.environ.pop('XLA_PYTHON_CLIENT_PREALLOCATE', None)
 
 
 # --- Running ---------------------------------------------------------------------------------

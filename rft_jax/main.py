@@ -67,11 +67,8 @@ def main(argv: Sequence[str]) -> int:
     return USAGE_ERROR
 
   if validate_only:   # the files too: model.path's config.json, the tokenizer, GSM8K's data
-    # The device count (config.mesh) starts JAX's backend, allocating nothing: on a GPU that a
-    # run already trains on, JAX's default 75% preallocation would fail or take its memory.
-    os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
-    try:
-      api.validate(config)   # components.check_setup, as in Python
+    try:   # components.check_setup, as in Python; JAX's backend starts without preallocating
+      api.validate(config)
     except api.SetupError as e:
       print(f'error: {_one_line(str(e))}', file=sys.stderr)
       return USAGE_ERROR

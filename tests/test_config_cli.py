@@ -336,13 +336,29 @@ def test_validate_only_leaves_the_device_count_to_a_multi_process_run(monkeypatc
   assert rc == 2 and err.startswith('error: config.mesh.tensor=3 does not divide model '), err
 
 
-def test_validate_only_starts_jax_without_preallocating_accelerator_memory():
-  # --validate_only counts the devices (config.mesh), which starts JAX's backend: on a GPU a
-  # run already trains on, JAX's default preallocation (75% of the memory) would fail or take it.
-  code = ("import os; from rft_jax import main; "
-          "rc = main.main(['main', '--config', 'configs/grpo_arith.py:tiny', '--validate_only']); "
-          "print(rc, os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE'))")
-  env = {k: v for k, v in os.environ.items() if k != 'XLA_PYTHON_CLIENT_PREALLOCATE'}
-  result = subprocess.run([sys.executable, '-c', code], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
-  assert result.stdout.split()[-2:] == ['0', 'false'], result.stdout + result.stderr
+@pytest.mark.parametrize('how', ['cli', 'api'])
+@pytest.mark.parametrize('before', [None, 'true'])
+def test_validate_starts_jax_without_preallocating_accelerator_memory(monkeypatch, capsys, how,
+                                                                      before):
+  """--validate_only and api.validate count the devices (config.mesh), which starts JAX's
+  backend: on a GPU a run already trains on, JAX's default preallocation (75% of the memory)
+  would fail or take it. Both start it with XLA_PYTHON_CLIENT_PREALLOCATE=false (api.validate
+  did not: a notebook's check took the GPU), a user's own setting kept, the variable restored
+  after. Seen where components.check_setup runs (this process's backend is already up)."""
+  from rft_jax import api, components  # pylint: disable=g-import-not-at-top
+  seen, real = [], components.check_setup
+  monkeypatch.setattr(components, 'check_setup', lambda config: (
+      seen.append(os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE')), real(config))[1])
+  if before is None:
+    monkeypatch.delenv('XLA_PYTHON_CLIENT_PREALLOCATE', raising=False)
+  else:
+    monkeypatch.setenv('XLA_PYTHON_CLIENT_PREALLOCATE', before)
+  monkeypatch.chdir(REPO)
+  if how == 'cli':
+    assert main_lib.main(['main', '--config', 'configs/grpo_arith.py:tiny',
+                          '--validate_only']) == 0
+    assert capsys.readouterr().out.strip() == 'config OK'
+  else:
+    assert api.validate(api.load_config('grpo_arith:tiny')) is None
+  assert seen == [before or 'false']
+  assert os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE') == before
