@@ -178,13 +178,14 @@ def check_setup(config) -> None:
   """What `--validate_only` checks beyond the config, building nothing: the model section
   against model.path's config.json, its weight files (each opens; their headers hold every
   tensor the model needs, of its shape and a float dtype; not with init_from, whose weights the
-  run reads instead), the tokenizer (it loads; its
-  vocabulary fits the model) and, for GSM8K, both files of task.manual_dir (every line parsed)
-  and the chat template; config.mesh against this machine's devices and the model
-  (check_mesh); init_from's array names and shapes against the model (its orbax metadata, no
-  array read). SetupError naming the key, file and record."""
+  run reads instead), the tokenizer (it loads; its vocabulary fits the model) and, for GSM8K,
+  both files of task.manual_dir (every line parsed) and the chat template; config.mesh against
+  this machine's devices and the model (check_mesh); the process count, where known, against
+  the batch (check_process_count); init_from's array names and shapes against the model (its
+  orbax metadata, no array read). SetupError naming the key, file and record."""
   model_cfg = model_config(config)   # first: its message lists every field to set
   check_mesh(config, model_cfg)
+  check_process_count(config)   # with JAX_NUM_PROCESSES, before jax.distributed starts too
   if config.model.get('path', '') and not config.init_from:   # else build reads init_from's
     try:   # every weight file opens (a download cut short fails here, not at load)
       hf_checkpoint.check_readable(config.model.path)
@@ -365,14 +366,34 @@ def eval_batch(c: Components, config) -> dict:
   return {**batch, 'verifier': TASK_VERIFIERS[config.task.name]}
 
 
-def process_share(global_batch: int, key: str) -> dict:
-  """pipeline.*_batches arguments for this process's rows of a global batch of global_batch
-  records (rft_jax/parallel/hostdata.GlobalBatches puts them back together).
+def process_batch(config) -> tuple[str, int]:
+  """The batch each process reads an equal share of, as (config key, records per step): RL and
+  online DPO rollout.prompts_per_step, SFT sft.batch_size, offline DPO dpo.batch_size."""
+  if config_lib.is_sft(config):
+    return 'sft.batch_size', config.sft.batch_size
+  if config_lib.is_dpo(config) and config.dpo.mode != 'online':
+    return 'dpo.batch_size', config.dpo.batch_size
+  return 'rollout.prompts_per_step', config.rollout.prompts_per_step
 
-  Raises SetupError naming config.`key` when the processes cannot split it evenly."""
+
+def check_process_count(config, count: int | None = None) -> None:
+  """SetupError naming process_batch's key unless `count` processes (None: as many as
+  distributed.known_process_count says, if it knows) split that batch evenly."""
+  try:
+    count, where = (count, '') if count else distributed.known_process_count()
+  except distributed.DistributedEnvError as e:   # JAX_NUM_PROCESSES='x'
+    raise SetupError(str(e)) from None
+  key, rows = process_batch(config)
+  if count and rows % count:
+    raise SetupError(f'config.{key}={rows} is not divisible by the {count} processes{where} '
+                     f'(each reads an equal share of every batch); make it a multiple of {count}')
+
+
+def process_share(config) -> dict:
+  """pipeline.*_batches arguments for this process's rows of the global batch of
+  process_batch(config) (hostdata.GlobalBatches puts them back together); SetupError naming its
+  config key when the processes cannot split it evenly."""
   count = jax.process_count()
-  if global_batch % count:
-    raise SetupError(f'config.{key}={global_batch} is not divisible by the {count} processes '
-                     '(each reads an equal share of every batch)')
-  return dict(batch_size=global_batch // count, shard_index=jax.process_index(),
+  check_process_count(config, count)
+  return dict(batch_size=process_batch(config)[1] // count, shard_index=jax.process_index(),
               shard_count=count)

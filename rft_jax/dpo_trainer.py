@@ -161,13 +161,11 @@ def _run(config, workdir: str, hooks_extra, scope: runs.RunScope) -> dict:
   c = components.build(config)
   dcfg = dpo.DPOConfig.from_config(config)
   online = config.dpo.mode == 'online'
-  per_step = config.rollout.prompts_per_step if online else config.dpo.batch_size
   components.check_batch_splits(config, c.mesh, meshlib.resolved_note(config.mesh, c.mesh))
   memory_est = run_memory.check_memory(c, config)   # one line before an accelerator OOM
   tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
   # each process reads its rows of every batch; GlobalBatches gathers the global batch
-  share = components.process_share(per_step, 'rollout.prompts_per_step' if online
-                                   else 'dpo.batch_size')
+  share = components.process_share(config)   # of the pairs (prompts online) of a step
   if online:
     data_it = hostdata.GlobalBatches(pipeline.prompt_batches(
         c.train_source, c.tokenizer, seed=config.seed,

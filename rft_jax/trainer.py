@@ -122,7 +122,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
     skipped.add(reason)
   # Each process reads only its rows of every prompt batch; GlobalBatches gathers them so that
   # every process holds the global batch (rft_jax/parallel/hostdata.py).
-  share = components.process_share(config.rollout.prompts_per_step, 'rollout.prompts_per_step')
+  share = components.process_share(config)   # rollout.prompts_per_step's rows
   data_it = hostdata.GlobalBatches(pipeline.prompt_batches(
       c.train_source, c.tokenizer, max_prompt_len=config.task.max_prompt_len, seed=config.seed,
       bad_records=skipped, **share))

@@ -73,3 +73,69 @@ def test_one_rule_says_whether_a_run_is_multi_process(env, want, monkeypatch):
   else:
     with pytest.raises(components.SetupError, match='devices'):
       components.check_mesh(config, components.model_config(config))
+
+
+@pytest.mark.parametrize('recipe,message', [
+    ('grpo_arith:tiny', 'config.rollout.prompts_per_step=4'),
+    ('sft_arith:tiny', 'config.sft.batch_size=64'),
+    ('dpo_arith:tiny', 'config.dpo.batch_size=16'),
+    ('online_dpo_arith:tiny', 'config.rollout.prompts_per_step='),
+])
+def test_validate_names_a_batch_the_processes_cannot_split(recipe, message, monkeypatch,
+                                                           capsys):
+  """A process count that does not divide the batch each process reads a share of was caught
+  only when the run started (components.process_share); --validate_only and api.validate now
+  say so in one line naming the key, with JAX_NUM_PROCESSES set for a run about to start."""
+  from rft_jax import api, main as main_lib  # pylint: disable=g-import-not-at-top
+  for name in ('JAX_COORDINATOR_ADDRESS', 'RFT_DISTRIBUTED', 'JAX_PROCESS_ID'):
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setenv('JAX_NUM_PROCESSES', '3')
+  monkeypatch.chdir(ROOT)
+  assert main_lib.main(['main', '--config', recipe, '--validate_only']) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f'error: {message}') and err.count('\n') == 1, err
+  assert err.rstrip().endswith(' is not divisible by the 3 processes of JAX_NUM_PROCESSES (each '
+                               'reads an equal share of every batch); make it a multiple of 3')
+  with pytest.raises(api.SetupError) as e:
+    api.validate(api.load_config(recipe))
+  assert f'error: {e.value}\n' == err
+
+
+@pytest.mark.parametrize('env,count', [({'JAX_NUM_PROCESSES': '2'}, 2), ({}, None),
+                                       ({'RFT_DISTRIBUTED': '1'}, None)])
+def test_validate_passes_a_batch_the_processes_split_or_an_unknown_count(env, count,
+                                                                         monkeypatch):
+  """4 prompts over 2 processes pass; with the count not known before jax.distributed starts
+  (RFT_DISTRIBUTED=1 alone) the run checks it as it starts."""
+  from rft_jax import api  # pylint: disable=g-import-not-at-top
+  for name in ('JAX_COORDINATOR_ADDRESS', 'RFT_DISTRIBUTED', 'JAX_NUM_PROCESSES',
+               'JAX_PROCESS_ID'):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in env.items():
+    monkeypatch.setenv(name, value)
+  assert distributed.known_process_count()[0] == (count or (None if env else 1))
+  assert api.validate(api.load_config('grpo_arith:tiny')) is None
+
+
+def test_validate_uses_the_process_count_of_an_initialised_jax_distributed(monkeypatch):
+  """After jax.distributed.initialize (a notebook on a pod) the count is jax.process_count()."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from rft_jax import api  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv('RFT_DISTRIBUTED', '1')   # its variables, read no more
+  monkeypatch.setattr(jax.distributed, 'is_initialized', lambda: True)
+  monkeypatch.setattr(jax, 'process_count', lambda: 8)
+  assert distributed.known_process_count() == (8, '')
+  with pytest.raises(api.SetupError, match=r'^config.rollout.prompts_per_step=4 is not '
+                     r'divisible by the 8 processes \(each reads'):
+    api.validate(api.load_config('grpo_arith:tiny'))
+  monkeypatch.setenv('JAX_NUM_PROCESSES', 'x')   # not read either: no error (no init_from:
+  # orbax reads it through the jax.distributed this test only pretends to have)
+  assert api.validate(api.load_config('grpo_arith:tiny', {'rollout.prompts_per_step': 8,
+                                                          'init_from': ''})) is None
+
+
+def test_validate_names_a_bad_process_count_variable(monkeypatch):
+  from rft_jax import api  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv('JAX_NUM_PROCESSES', 'x')
+  with pytest.raises(api.SetupError, match=r"^JAX_NUM_PROCESSES='x': expected an integer >= 1$"):
+    api.validate(api.load_config('grpo_arith:tiny'))

@@ -46,6 +46,18 @@ def requested(environ=None) -> bool:
       'RFT_DISTRIBUTED', '') in ('1', 'true')
 
 
+def known_process_count(environ=None) -> tuple[int | None, str]:
+  """(the processes a run started here has, how that is known): jax.process_count() once
+  jax.distributed is initialised, or where the variables above ask for none (starts JAX's
+  backend); else JAX_NUM_PROCESSES, for a run about to start (None where it is not set, as
+  with RFT_DISTRIBUTED=1 alone: JAX finds it as it starts). DistributedEnvError for a value that
+  is not a number."""
+  env = os.environ if environ is None else environ
+  if jax.distributed.is_initialized() or not requested(env):
+    return jax.process_count(), ''
+  return _int_var(env, 'JAX_NUM_PROCESSES', 1), ' of JAX_NUM_PROCESSES'
+
+
 def initialize_from_env(environ=None) -> bool:
   """Calls jax.distributed.initialize per the variables above; returns whether it did.
   DistributedEnvError for a variable that is not a number, a process id not below the number
