@@ -204,3 +204,54 @@ def test_algo_table_keeps_an_earlier_invocations_log(tmp_path, monkeypatch):
   assert lines[0] == 'the earlier run' and lines[2] == 'this run failed', lines
   assert lines[1].startswith('=== ') and lines[1].endswith(
       f'rft_jax.main --config configs/grpo_arith.py --workdir {out}/grpo'), lines
+
+
+BAD_VALUES = [   # (tool, its arguments with a value its flag's type refuses, the flag)
+    ('bench', ['--steps', 'abc'], '--steps'),
+    ('faultbench', ['--jobs', 'abc'], '--jobs'),
+    ('scaling', ['fit', 'run', '--n-boot', 'abc'], '--n-boot'),
+    ('checkpoint', ['export', '--config', RECIPE, '--workdir', 'w', '--out', 'o', '--step', 'abc'],
+     '--step'),
+    ('monitor_false_alarms', ['--steps', 'abc'], '--steps'),
+    ('export_base', ['--config', RECIPE, '--workdir', 'w', '--out', 'o', '--step', 'abc'],
+     '--step'),
+    ('algo_table', ['--out', 'o', '--steps', 'abc'], '--steps'),
+    ('monitor_replay', ['run', '--warmup', 'abc'], '--warmup'),
+    ('bench_layers', ['--batch', 'abc'], '--batch'),
+    ('bench_mesh', ['--repeats', 'abc'], '--repeats'),
+    ('build_tokenizer', ['--vocab_size', 'abc'], '--vocab_size'),
+]
+
+
+@pytest.mark.parametrize('tool,argv,flag', BAD_VALUES, ids=[t for t, _, _ in BAD_VALUES])
+def test_a_bad_flag_value_is_one_line_naming_the_flag(tool, argv, flag, monkeypatch, capsys):
+  """`--steps abc` printed argparse's usage block (3 to 8 lines) before the error; the rule is
+  one line naming the flag, exit 2 (tools/cli.py ArgumentParser, every tool's parser)."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  main = importlib.import_module(f'tools.{tool}').main
+  monkeypatch.setattr('sys.argv', [tool, *argv])   # the mains that read sys.argv
+  with pytest.raises(SystemExit) as e:
+    main(argv) if 'argv' in main.__code__.co_varnames else main()
+  assert e.value.code == 2
+  assert capsys.readouterr().err == f"error: argument {flag}: invalid int value: 'abc'\n"
+
+
+def test_every_tool_parser_gives_one_line_errors():
+  """No tool builds a plain argparse parser (its errors would print the usage block first)."""
+  for name in sorted(os.listdir(os.path.join(REPO, 'tools'))):
+    if name.endswith('.py'):
+      with open(os.path.join(REPO, 'tools', name), encoding='utf-8') as f:
+        assert 'argparse.ArgumentParser(' not in f.read(), name
+
+
+@pytest.mark.parametrize('tool,argv', [('export_base', ['--help']),
+                                       ('checkpoint', ['export', '--help']),
+                                       ('checkpoint', ['--help'])])
+def test_help_says_config_overrides_are_taken(tool, argv, capsys):
+  """--help did not say that `--config.a.b=value` overrides are taken (parse_with_overrides)."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as e:
+    importlib.import_module(f'tools.{tool}').main(argv)
+  text = ' '.join(capsys.readouterr().out.split())
+  assert e.value.code == 0 and ('--config.a.b=value overrides of the --config recipe are taken '
+                                "too, each parsed as that key's type") in text, text

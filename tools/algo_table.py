@@ -14,7 +14,6 @@ wall time, and the hardware line. --steps overrides every recipe's train.steps (
 recipe's own). --recipes runs some of them (RECIPES' names: grpo, ..., online_dpo); another
 name is refused, exit 2. Numbers hold for the machine that ran them; the table says which.
 """
-import argparse
 import datetime
 import json
 import os
@@ -27,6 +26,7 @@ import time
 from rft_jax import workdir_config
 from rft_jax.telemetry.records import final_trajectory
 from rft_jax.telemetry.sinks import read_jsonl
+from tools import cli
 
 RECIPES = ('grpo', 'dapo', 'dr_grpo', 'gspo', 'cispo', 'rloo', 'reinforce_pp', 'ppo', 'dpo',
            'online_dpo')
@@ -155,7 +155,7 @@ def code_commit() -> str:
 
 
 def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = cli.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument('--out', required=True, help='parent of the per-recipe workdirs')
   ap.add_argument('--steps', type=int, default=0, help='train.steps for every recipe '
                   "(0 = each recipe's own)")

@@ -20,7 +20,6 @@ tools/bench_report.py knows it, decode tokens/s and peak device memory. Results:
 `--recipe` runs the older per-recipe bench (tools/bench_recipe.py: sampler and train-step
 tokens/s, XLA FLOP/s, the failure monitor's cost).
 """
-import argparse
 import dataclasses
 import json
 import os
@@ -30,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from tools import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -212,7 +213,7 @@ def missing_compare_modules() -> list[str]:
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = cli.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument('--steps', type=int, default=20, help='timed steps (after --warmup)')
   ap.add_argument('--warmup', type=int, default=2)
   ap.add_argument('--compare', choices=['trl'], default=None)

@@ -14,7 +14,6 @@ reference pass, grpo.score_logprobs, jitted alone, best of 3 calls; policy = tra
 
   python -m tools.bench_grpo --first-step --assets DIR   (time to first step; run by tools.bench)
 """
-import argparse
 import functools
 import json
 import os
@@ -41,7 +40,7 @@ from rft_jax.sampling.text import decode_completions  # noqa: E402
 from rft_jax.telemetry import flops  # noqa: E402
 from rft_jax.tokenizer import HFTokenizer  # noqa: E402
 from rft_jax import trainer  # noqa: E402
-from tools import bench_workload as wl  # noqa: E402
+from tools import bench_workload as wl, cli  # noqa: E402
 
 T_IMPORTED = time.time()
 COMPILE_EVENTS = ('/jax/core/compile/jaxpr_trace_duration',
@@ -213,7 +212,7 @@ def first_step(assets: str, w: wl.Workload) -> tuple[dict, RftSide]:
 
 
 def main():
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = cli.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument('--first-step', action='store_true', required=True)
   ap.add_argument('--assets', required=True)
   ap.add_argument('--workload', default='{}', help='Workload fields as JSON')

@@ -9,7 +9,6 @@ function is jit(value_and_grad(token-mean NLL)) on random tokens. Compile time i
 after one warm-up; temp memory XLA's own `memory_analysis().temp_size_in_bytes` (what the
 backward pass keeps plus scratch, per device). Prints a markdown table with the machine named.
 """
-import argparse
 import dataclasses
 import time
 
@@ -20,6 +19,7 @@ import numpy as np
 from configs import common
 from rft_jax.models import ModelConfig, create, forward
 from rft_jax.models.llama import REMAT_POLICIES
+from tools import cli
 from tools.bench_report import machine
 
 
@@ -52,7 +52,7 @@ def measure(cfg: ModelConfig, batch: int, seq: int, repeats: int) -> dict:
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = cli.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument('--layers', default='4,16,32')
   ap.add_argument('--batch', type=int, default=64)
   ap.add_argument('--seq', type=int, default=48)

@@ -23,7 +23,6 @@ if 'jax' not in sys.modules and 'xla_force_host_platform_device_count' not in os
   os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')
                              + ' --xla_force_host_platform_device_count=8').strip()
 
-import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import functools  # noqa: E402
 import platform  # noqa: E402
@@ -41,6 +40,7 @@ from rft_jax.models import functional as lm  # noqa: E402
 from rft_jax.parallel import memory  # noqa: E402
 from rft_jax.parallel import mesh as meshlib  # noqa: E402
 from rft_jax.sampling.sampler import SamplingConfig, make_sampler  # noqa: E402
+from tools import cli  # noqa: E402
 from tools.bench_recipe import timed  # noqa: E402
 from tools.export_base import load_config  # noqa: E402
 
@@ -61,7 +61,7 @@ def parse_meshes(text: str) -> list[tuple[int, int, int]]:
 
 
 def main():
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = cli.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument('--config', default='configs/grpo_arith.py')
   ap.add_argument('--repeats', type=int, default=3)
   ap.add_argument('--meshes', default='1x1x1,8x1x1,1x8x1,2x2x2,1x4x2')

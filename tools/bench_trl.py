@@ -19,7 +19,6 @@ temperature 1, top-k/top-p off, AdamW (lr as rft_jax, betas 0.9/0.999, clip 1.0)
 
   python -m tools.bench_trl --assets DIR --steps N     (normally started by tools.bench)
 """
-import argparse
 import json
 import os
 import resource
@@ -34,7 +33,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 import trl  # noqa: E402
 
-from tools import bench_workload as wl  # noqa: E402
+from tools import bench_workload as wl, cli  # noqa: E402
 
 
 def first_even_reward(completions, **_):
@@ -107,7 +106,7 @@ def build(assets: str, w: wl.Workload, steps: int, out_dir: str):
 
 
 def main():
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = cli.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument('--assets', required=True)
   ap.add_argument('--steps', type=int, required=True)
   ap.add_argument('--workload', default='{}', help='Workload fields as JSON')

@@ -10,11 +10,11 @@ is exactly 18, below the model's ``vocab_size=32``. Also writes a
 human-readable ``<prefix>.vocab`` (``piece<TAB>id`` per line).
 """
 
-import argparse
 import os
 
 from rft_jax import tokenizer as tok_lib
 from rft_jax.data import arith
+from tools import cli
 
 VOCAB_SIZE = 18
 MAX_VOCAB_SIZE = 32  # Embedding rows of the built-in model config.
@@ -40,7 +40,7 @@ def build(out_prefix: str = DEFAULT_PREFIX,
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = cli.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--out_prefix', default=DEFAULT_PREFIX)
   parser.add_argument('--vocab_size', type=int, default=VOCAB_SIZE)
   args = parser.parse_args()

@@ -20,22 +20,16 @@ Exit status, as rft_jax.main's: 2 bad input (a bad argument, config or --out, a 
 without that checkpoint, a HF dir rft_jax does not load), one line naming it; 1 a failure while
 working (and inspect's verdict: not loadable, or unreadable).
 """
-import argparse
 import json
 import math
 import os
 import shutil
-import sys
+
+from tools import cli
+from tools.cli import usage_exit
 
 # config.json fields carried from the source dir on export (the model fields are rewritten).
 _CARRIED_FIELDS = ('bos_token_id', 'eos_token_id', 'pad_token_id')
-USAGE_ERROR = 2   # bad input, as argparse and rft_jax.main
-
-
-def usage_exit(message: str) -> SystemExit:
-  """Prints `error: message` on stderr; returns the SystemExit (status 2, bad input) to raise."""
-  print(f'error: {message}', file=sys.stderr)
-  return SystemExit(USAGE_ERROR)
 
 
 def check_out(out: str) -> None:
@@ -185,12 +179,13 @@ def convert(args) -> None:
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = cli.ArgumentParser(description=__doc__.splitlines()[0],
+                          epilog='export: ' + cli.OVERRIDES_EPILOG)
   sub = ap.add_subparsers(dest='command', required=True)
   path = os.path.expanduser   # `--out=~/x`: the shell leaves that `~` (as config paths, expanded)
   p = sub.add_parser('inspect')
   p.add_argument('dir', type=path)
-  p = sub.add_parser('export')
+  p = sub.add_parser('export', epilog=cli.OVERRIDES_EPILOG)
   p.add_argument('--config', required=True)
   p.add_argument('--workdir', required=True, type=path)
   p.add_argument('--out', required=True, type=path)

@@ -15,7 +15,9 @@ import shutil
 
 from rft_jax import checkpoint, components, runs
 from rft_jax.algorithms import train_state as ts
-from tools.checkpoint import check_out, open_run_checkpoint, usage_exit
+from tools import cli
+from tools.checkpoint import check_out, open_run_checkpoint
+from tools.cli import usage_exit
 
 
 def load_config(path: str, overrides=()):
@@ -31,7 +33,9 @@ def load_config(path: str, overrides=()):
 
 
 def parse_with_overrides(ap: argparse.ArgumentParser, argv=None):
-  """(args, the `--config.a.b=v` arguments): ap's own arguments and the run's config overrides."""
+  """(args, the `--config.a.b=v` arguments): ap's own arguments and the run's config overrides.
+  Give ap (or the subcommand's parser that takes them) epilog=cli.OVERRIDES_EPILOG: --help
+  then says they are taken."""
   args, rest = ap.parse_known_args(argv)
   stray = [a for a in rest if a.startswith('-') and not re.match(r'--?(no)?config\.', a)]
   if stray:
@@ -40,7 +44,7 @@ def parse_with_overrides(ap: argparse.ArgumentParser, argv=None):
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = cli.ArgumentParser(description=__doc__.splitlines()[0], epilog=cli.OVERRIDES_EPILOG)
   ap.add_argument('--config', required=True)
   # `--out=~/x`: the shell leaves that `~`; expanded as config paths are
   ap.add_argument('--workdir', required=True, type=os.path.expanduser)

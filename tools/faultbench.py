@@ -44,7 +44,7 @@ import time
 import numpy as np
 
 from rft_jax import faults as faultlib
-from tools import faultbench_replay
+from tools import cli, faultbench_replay
 
 CI_FAULTS = ('lr_spike', 'mask_shift', 'reward_length')
 CI_BENIGN = ('lr_schedule_step',)
@@ -278,7 +278,7 @@ def _replay_from_args(ap: argparse.ArgumentParser, args, out: str) -> list[dict]
 
 
 def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap = cli.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--suite', choices=('ci', 'full'), default='ci')
   ap.add_argument('--jobs', type=int, default=2)
   ap.add_argument('--seeds', default='1,2')

@@ -22,7 +22,6 @@ A bad --steps or --set is one line on stderr, exit 2.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 
 import jax
@@ -32,7 +31,8 @@ from rft_jax.monitor import knobs
 from rft_jax.monitor import signatures as sigs
 from rft_jax.monitor import synthetic
 from rft_jax.monitor.monitor import MonitorConfig, run_monitor
-from tools.checkpoint import usage_exit
+from tools import cli
+from tools.cli import usage_exit
 
 
 # (label, synthetic.healthy_trace keywords) of the healthy trace families.
@@ -102,8 +102,8 @@ def detection(cfg: MonitorConfig, fault: str, n: int, steps: int, seed: int, win
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog='python -m tools.monitor_false_alarms',
-                                   description=__doc__.split('\n')[0])
+  parser = cli.ArgumentParser(prog='python -m tools.monitor_false_alarms',
+                              description=__doc__.split('\n')[0])
   parser.add_argument('--traces', type=int, default=200)
   parser.add_argument('--steps', type=int, default=300)
   parser.add_argument('--seed', type=int, default=0)

@@ -46,6 +46,7 @@ import numpy as np
 
 from rft_jax.monitor import detectors, formats, knobs, monitor, signals
 from rft_jax.telemetry import plot, sinks
+from tools import cli
 
 _TOP_EVIDENCE = 3
 
@@ -156,7 +157,7 @@ def write_incidents(path: str, incidents: Sequence[Mapping[str, Any]]) -> None:
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(
+  parser = cli.ArgumentParser(
       prog='python -m tools.monitor_replay',
       description='Replay a recorded RL training log through the rft_jax failure monitor.')
   parser.add_argument('run', help='metrics JSONL (rft_jax/verl/TRL/OpenRLHF) or '

@@ -56,6 +56,7 @@ from rft_jax import scaling
 from rft_jax.telemetry import flops
 from rft_jax.telemetry.records import final_trajectory
 from rft_jax.telemetry.sinks import read_jsonl
+from tools import cli
 
 _FLOPS_KEY = 'compute/flops_cumulative'
 
@@ -350,7 +351,7 @@ def _optional_float(text: str) -> float | None:
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(prog='python -m tools.scaling', description=__doc__.split(
+  parser = cli.ArgumentParser(prog='python -m tools.scaling', description=__doc__.split(
       '\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = parser.add_subparsers(dest='command', required=True)
   fit = sub.add_parser('fit', help='fit eval accuracy against training compute')
