@@ -142,6 +142,26 @@ def test_inspect_a_run_checkpoint_step(run_dir, capsys):
     assert absl_logging.get_verbosity() == verbosity
 
 
+def test_inspect_puts_back_the_absl_loggers_own_level(run_dir, capsys, caplog):
+  """inspect mutes orbax's warning that an item dir has no step metadata. It put absl's
+  verbosity back with set_verbosity, which set the absl logger's own level (NOTSET by default:
+  it follows the root logger) to WARNING, so a notebook logging at INFO lost absl's INFO lines."""
+  import logging  # pylint: disable=g-import-not-at-top
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  absl_logger = absl_logging.get_absl_logger()
+  level = absl_logger.level
+  absl_logger.setLevel(logging.NOTSET)
+  try:
+    with caplog.at_level(logging.INFO):
+      checkpoint_tool.inspect(os.path.join(run_dir, 'checkpoints', '1'))
+    assert 'params.norm.weight' in capsys.readouterr().out
+    assert absl_logger.level == logging.NOTSET
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not warned, warned   # orbax's 'Metadata file does not exist' still muted
+  finally:
+    absl_logger.setLevel(level)
+
+
 def test_is_run_workdir(tmp_path):
   """What tools.algo_table and tools.faultbench may delete to start a run afresh."""
   from rft_jax import workdir_config  # pylint: disable=g-import-not-at-top

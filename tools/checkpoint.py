@@ -105,13 +105,16 @@ def _inspect_orbax(path: str) -> None:
   if not os.path.isfile(os.path.join(path, '_METADATA')):
     raise usage_exit(f'{path} is neither a HF model dir (config.json) nor an orbax pytree '
                      'dir (_METADATA), nor a run checkpoint step (state/_METADATA)')
-  verbosity = logging.get_verbosity()
-  logging.set_verbosity(logging.ERROR)   # orbax warns that an item dir has no step metadata
-  try:   # put back after: called from Python (a notebook, a test), the process keeps its logging
+  # orbax warns (absl) that an item dir has no step metadata: its logger's own level, put back
+  # after (set_verbosity set it, NOTSET by default, to WARNING: a notebook's INFO lines lost)
+  absl_logger = logging.get_absl_logger()
+  level = absl_logger.level
+  absl_logger.setLevel('ERROR')
+  try:
     with ocp.PyTreeCheckpointer() as ckptr:
       tree = ckptr.metadata(os.path.abspath(path)).item_metadata
   finally:
-    logging.set_verbosity(verbosity)
+    absl_logger.setLevel(level)
   if not jax.tree_util.tree_leaves(tree):
     raise usage_exit(f'{path}: orbax metadata lists no arrays')
   total = 0
