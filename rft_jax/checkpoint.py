@@ -69,10 +69,8 @@ class CheckpointSaveError(OSError):
 
 def _abstract(tree, shardings=None):
   """ShapeDtypeStructs (carrying the target shardings, when given) to restore into."""
-  if shardings is None:
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      tree, shardings)
+  sds = lambda x, s=None: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+  return jax.tree.map(sds, tree) if shardings is None else jax.tree.map(sds, tree, shardings)
 
 
 def tree_nbytes(tree) -> int:
@@ -136,8 +134,7 @@ class Checkpointer:
     return os.path.exists(os.path.join(self.directory, str(step), MANIFEST))
 
   def latest_step(self) -> int | None:
-    steps = self.all_steps()
-    return steps[-1] if steps else None
+    return (self.all_steps() or [None])[-1]
 
   def all_steps(self) -> list[int]:
     """Steps of the verified checkpoints on disk, ascending."""
@@ -256,8 +253,7 @@ class Checkpointer:
       state = self._restore_state(step, like_state, shardings)
       args = {'data': ocp.args.JsonRestore(), 'meta': ocp.args.JsonRestore()}
       if has_reference:
-        args['reference'] = ocp.args.StandardRestore(_abstract(like_reference,
-                                                               reference_shardings))
+        args['reference'] = ocp.args.StandardRestore(_abstract(like_reference, reference_shardings))
       out = self._manager.restore(step, args=ocp.args.Composite(**args))
     meta = {k: v for k, v in out['meta'].items() if k != 'has_reference'}
     return state, out['data'], meta, out['reference'] if has_reference else None
