@@ -256,6 +256,18 @@ def test_a_bad_flag_value_is_one_line_naming_the_flag(tool, argv, flag, monkeypa
   assert capsys.readouterr().err == f"error: argument {flag}: invalid int value: 'abc'\n"
 
 
+@pytest.mark.parametrize('tool,commands', [('checkpoint', 'inspect, export, convert'),
+                                           ('scaling', 'fit, plan')])
+def test_a_missing_subcommand_is_one_line_naming_the_commands(tool, commands, capsys):
+  """argparse names a missing subcommand by its dest ('required: command'); the usage block it
+  printed before listed the commands, and the one line lost them."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as e:
+    importlib.import_module(f'tools.{tool}').main([])
+  assert e.value.code == 2 and capsys.readouterr().err == (
+      f'error: the following arguments are required: command (one of {commands})\n')
+
+
 def test_every_tool_parser_gives_one_line_errors():
   """No tool builds a plain argparse parser (its errors would print the usage block first)."""
   for name in sorted(os.listdir(os.path.join(REPO, 'tools'))):

@@ -8,6 +8,7 @@ import argparse
 import sys
 
 USAGE_ERROR = 2   # bad input, as argparse and rft_jax.main
+_REQUIRED = 'the following arguments are required: '   # argparse's message
 
 # The --help epilog of a tool that takes a run's `--config.a.b=v` overrides
 # (tools/export_base.py parse_with_overrides).
@@ -25,8 +26,15 @@ def usage_exit(message: str) -> SystemExit:
 class ArgumentParser(argparse.ArgumentParser):
   """argparse's parser whose usage errors are one line, `error: MESSAGE`, exit 2, without the
   usage block (--help shows it): a bad value for a typed flag ('argument --steps: invalid int
-  value: 'abc''), a missing or unknown flag, and the tool's own `ap.error(...)`. Its
-  subcommands' parsers (add_subparsers) are of this class too."""
+  value: 'abc''), a missing or unknown flag, and the tool's own `ap.error(...)`; a missing
+  subcommand names the commands (the usage block listed them). Its subcommands' parsers
+  (add_subparsers) are of this class too."""
 
   def error(self, message: str):
+    if message.startswith(_REQUIRED):   # a missing subcommand is named by its dest ('command'):
+      # the usage block argparse printed above listed the commands; the one line names them
+      commands = {a.dest: list(a.choices) for a in self._actions if a.nargs == argparse.PARSER}
+      message = _REQUIRED + ', '.join(
+          f'{name} (one of {", ".join(commands[name])})' if name in commands else name
+          for name in message[len(_REQUIRED):].split(', '))
     raise usage_exit(message)
