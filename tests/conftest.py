@@ -20,7 +20,8 @@ def no_orbax_logging_left_muted():
   Checked after each test, so the test that leaves it is the one that fails."""
   import logging  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  names = ('absl', 'orbax', 'asyncio')
+  from rft_jax import checkpoint_errors  # pylint: disable=g-import-not-at-top
+  names = checkpoint_errors._LOGGERS   # pylint: disable=protected-access  (the ones Quiet mutes)
   before = [list(logging.getLogger(n).filters) for n in names], sys.unraisablehook
   yield
   after = [list(logging.getLogger(n).filters) for n in names], sys.unraisablehook

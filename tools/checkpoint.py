@@ -50,13 +50,16 @@ def open_run_checkpoint(workdir: str, step: int | None):
   if not os.path.isdir(directory):
     raise usage_exit(f'no checkpoint in {directory} (not a run directory?)')
   ckpt = checkpoint.Checkpointer(directory)
-  steps = ckpt.all_steps()
-  step = step if step is not None else ckpt.latest_step()
-  if step is None or step not in steps:
+  try:   # closed unless returned (a failed read or no such step)
+    steps = ckpt.all_steps()
+    step = step if step is not None else ckpt.latest_step()
+    if step is None or step not in steps:
+      where = f'at step {step} ' if step is not None else ''
+      raise usage_exit(f'no checkpoint {where}in {directory} (there: '
+                       f'{", ".join(map(str, steps)) or "none"})')
+  except BaseException:
     ckpt.close()
-    where = f'at step {step} ' if step is not None else ''
-    raise usage_exit(f'no checkpoint {where}in {directory} (there: '
-                     f'{", ".join(map(str, steps)) or "none"})')
+    raise
   return ckpt, step
 
 
