@@ -146,13 +146,10 @@ def batch_splits(config) -> list[tuple[str, int, tuple[tuple[str, int], ...]]]:
   batch is cut into. RL: prompts_per_step*group_size rows in algo.microbatches (times PPO's
   algo.minibatches), and in algo.score_chunks when set; SFT: sft.batch_size; DPO: the pairs per
   step (dpo.batch_size, online rollout.prompts_per_step) in dpo.microbatches."""
-  if config_lib.is_sft(config):
-    return [('sft.batch_size', config.sft.batch_size, ())]
-  if config_lib.is_dpo(config):
-    online = config.dpo.mode == 'online'
-    key = 'rollout.prompts_per_step' if online else 'dpo.batch_size'
-    pairs = config.rollout.prompts_per_step if online else config.dpo.batch_size
-    return [(key, pairs, (('dpo.microbatches', int(config.dpo.microbatches)),))]
+  if config_lib.is_sft(config) or config_lib.is_dpo(config):   # records = rows (DPO: pairs)
+    key, rows = process_batch(config)
+    dpo = config_lib.is_dpo(config)
+    return [(key, rows, (('dpo.microbatches', int(config.dpo.microbatches)),) if dpo else ())]
   algo, key = config.algo, 'rollout.prompts_per_step*group_size'
   rows = config.rollout.prompts_per_step * config.rollout.group_size
   factors = (('algo.microbatches', int(algo.get('microbatches', 1))),)
