@@ -133,3 +133,29 @@ def test_false_alarms_are_per_healthy_step_the_monitor_observed(tmp_path):
   # Records from before the observed counts: the highest step, onset - 1 at most, as before.
   old = [{k: v for k, v in r.items() if not k.startswith('steps_observed')} for r in records]
   assert faultbench_score.false_alarms_per_1000(old)[1:] == (2, 10 + 5 + 4)
+
+
+def test_onset_error_of_the_first_detection_is_scored_and_reported(tmp_path):
+  """score.json's 'onset': the first detection's onset_step minus the injected onset, over the
+  flagged faulted warn-mode runs (the README had computed it by hand)."""
+  # pylint: disable-next=g-import-not-at-top
+  from tools import faultbench_report, faultbench_score
+
+  def run(fault, onset, incidents, mode='warn'):
+    return {'fault': fault, 'family': 'healthy' if fault == 'healthy' else 'optimisation',
+            'seed': 3, 'onset': onset, 'mode': mode, 'steps': 60, 'steps_done': 60,
+            'final_acc': 0.9, 'error': None,
+            'incidents': [{'step': s, 'onset_step': o, 'fault_class': 'kl_explosion',
+                           'signature': 'kl_explosion', 'severity': 'critical'}
+                          for s, o in incidents]}
+  records = [run('lr_spike', 31, [(20, 18), (33, 13), (40, 31)]),   # first detection: -18
+             run('grad_clip_off_high_lr', 30, [(32, 31)]),           # +1
+             run('lr_spike', 31, []),                                # not flagged: not scored
+             run('healthy', 31, [(12, 10)]),                         # a false alarm: not scored
+             run('grad_clip_off_high_lr', 30, [(31, 25)], mode='auto')]  # not scored
+  assert [faultbench_score.onset_error(r) for r in records[:3]] == [-18, 1, None]
+  onset = faultbench_score.score(records)['onset']
+  assert onset == {'runs': 2, 'mean_abs': 9.5, 'off_by_more_than_2': 1}
+  report = faultbench_report.write(str(tmp_path), faultbench_score.score(records), records,
+                                   command='test')
+  assert '2 flagged runs): mean |error| 9.50 steps, 1 off by more than 2.' in report

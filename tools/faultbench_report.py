@@ -43,8 +43,13 @@ def write(out_dir: str, scores: dict, records: list[dict], command: str) -> str:
             f"({fa['alarms']} in {fa['healthy_steps']} steps the monitor observed of healthy "
             'and benign runs and of faulted runs before their onset'
             + (f'; {modes}' if modes else '') + '; a step redone after an auto-mode restore '
-            'counts each time it was observed).', '',
-            '## Per fault type', '',
+            'counts each time it was observed).', '']
+  on = scores.get('onset')
+  if on and on['runs']:
+    lines += [f"Onset of the first detection (its onset_step minus the injected onset, "
+              f"{on['runs']} flagged runs): mean |error| {_f(on['mean_abs'])} steps, "
+              f"{on['off_by_more_than_2']} off by more than 2.", '']
+  lines += ['## Per fault type', '',
             '| fault | family | runs | detected | median delay | p90 delay | diagnosis top-1 | '
             'top-3 | first diagnoses seen | counts as right |',
             '|---|---|---|---|---|---|---|---|---|---|']

@@ -27,6 +27,9 @@ Definitions (run level):
                steps it ran. Records without the observed counts (results.jsonl from before
                they were recorded) count steps_done, or onset - 1 at most, as before
   delay        first incident step at or after onset minus onset (flagged runs)
+  onset error  that first incident's onset_step minus the run's onset (flagged runs): the
+               monitor's estimate of when the fault began, which an auto-mode restore uses;
+               scored as the mean |error| and the runs off by more than 2 steps
   diagnosis    top-1: the first incident at/after onset has a fault class the fault type
                counts as correct (faults.FAULTS[...].expected); top-3: one of the first three
                distinct classes does
@@ -58,6 +61,19 @@ def flagged(r: dict) -> bool:
 def delay(r: dict) -> int | None:
   after = _after_onset(r)
   return after[0]['step'] - r['onset'] if after else None
+
+
+def onset_error(r: dict) -> int | None:
+  after = _after_onset(r)
+  return after[0]['onset_step'] - r['onset'] if after else None
+
+
+def onset_errors(records: list[dict]) -> dict[str, Any]:
+  """Onset error of the first detection over the flagged faulted runs (see the module doc)."""
+  errs = [onset_error(r) for r in records if _is_faulted(r) and flagged(r)]
+  return {'runs': len(errs),
+          'mean_abs': float(np.mean(np.abs(errs))) if errs else None,
+          'off_by_more_than_2': sum(abs(e) > 2 for e in errs)}
 
 
 def diagnosis(r: dict) -> tuple[bool, bool]:
@@ -185,6 +201,7 @@ def score(records: list[dict]) -> dict[str, Any]:
   warn = [r for r in ok if r['mode'] == 'warn']
   auto = [r for r in ok if r['mode'] == 'auto']
   return {'overall': prf(warn), 'families': per_family(warn), 'faults': per_fault(warn),
+          'onset': onset_errors(warn),
           'false_alarms': false_alarms(warn + auto),
           'benign': [{'fault': r['fault'], 'seed': r['seed'], 'incidents': len(r['incidents'])}
                      for r in warn if r['family'] == 'benign'],

@@ -14,8 +14,11 @@
    [warmup + 30, steps - 40) and prints: detection rate (a signature of the right class fires
    within `window` steps of onset), median and 90th-percentile delay of the detections, the
    fraction where the right class is the first diagnosis (earliest firing, ties broken by
-   signatures.rank_key), and false alarms per 1,000 steps before onset. Then the same with
-   faults injected into runs from the reference.
+   signatures.rank_key), false alarms per 1,000 steps before onset, and the onset error of the
+   first detection (its incident's onset_step minus the injected onset, as FaultBench scores
+   it; a ramp first shows one step after its onset): mean |error| and the share of first
+   detections dated more than 2 steps early. Then the same with faults injected into runs from
+   the reference.
 
 All traces of a batch run as one monitor batch ([N] per signal) in one jitted lax.scan over steps.
 A bad --steps or --set is one line on stderr, exit 2.
@@ -42,14 +45,17 @@ FAMILIES = (('', {}), (', reward rising within the warm-up', {'early_rise': True
 
 @functools.partial(jax.jit, static_argnames='cfg')
 def _fired_scores(stacked, cfg):
-  """{name: [N, T]} -> (fired [N, T, K] bool, score [N, T, K] f32)."""
+  """{name: [N, T]} -> (fired [N, T, K] bool, score [N, T, K] f32, onset [N, T, K] int32)."""
   _, alarms = run_monitor(stacked, cfg)
-  return alarms.fired, alarms.score
+  return alarms.fired, alarms.score, alarms.onset
 
 
-def fired_matrix(traces, cfg: MonitorConfig):
-  fired, score = _fired_scores(synthetic.stack_traces(traces), cfg)
-  return np.asarray(fired), np.asarray(score)
+def fired_matrix(traces, cfg: MonitorConfig, onsets: bool = False):
+  """(fired, score) [N, T, K] of the monitor over `traces`; with onsets=True also each step's
+  latched onset estimate [N, T, K] (trace steps)."""
+  fired, score, onset = _fired_scores(synthetic.stack_traces(traces), cfg)
+  out = (np.asarray(fired), np.asarray(score))
+  return out + (np.asarray(onset),) if onsets else out
 
 
 def first_diagnosis(fired_tk: np.ndarray, score_tk: np.ndarray, start: int):
@@ -82,22 +88,27 @@ def detection(cfg: MonitorConfig, fault: str, n: int, steps: int, seed: int, win
   onsets = rng.integers(cfg.warmup + 30, steps - 40, n)
   traces = [synthetic.inject(synthetic.healthy_trace(rng, steps, **family), fault, int(o), rng=rng)
             for o in onsets]
-  fired, score = fired_matrix(traces, cfg)
+  fired, score, est = fired_matrix(traces, cfg, onsets=True)
   is_class = np.array([s.fault_class == fault for s in sigs.SIGNATURES])
-  delays, first_ok, pre = [], 0, 0
+  delays, first_ok, pre, errors = [], 0, 0, []
   for i, onset in enumerate(onsets):
     hits = np.flatnonzero(fired[i, onset:][:, is_class].any(1))
     if len(hits) and hits[0] <= window:
       delays.append(int(hits[0]))
-    _, k = first_diagnosis(fired[i], score[i], int(onset))
+    t, k = first_diagnosis(fired[i], score[i], int(onset))
     first_ok += k is not None and sigs.SIGNATURES[k].fault_class == fault
+    if k is not None:
+      errors.append(int(est[i, t, k]) - int(onset))
     pre += int(fired[i, :onset].sum())
+  errors = np.array(errors, np.float64)
   return {
       'detected': len(delays) / n,
       'median_delay': float(np.median(delays)) if delays else float('nan'),
       'p90_delay': float(np.percentile(delays, 90)) if delays else float('nan'),
       'first_correct': first_ok / n,
       'pre_onset_false_per_1k': pre * 1000.0 / float(onsets.sum()),
+      'onset_mae': float(np.abs(errors).mean()) if len(errors) else float('nan'),
+      'onset_early2': float((errors < -2).mean()) if len(errors) else float('nan'),
   }
 
 
@@ -131,11 +142,12 @@ def main(argv=None):
   for label, family in (FAMILIES[0], FAMILIES[2]):
     print(f'faulty{label}: {args.traces} traces per class, detection window {args.window} steps')
     print(f'{"fault_class":20s} {"detected":>8s} {"median":>6s} {"p90":>5s} {"first_ok":>8s} '
-          f'{"pre_fa/1k":>9s}')
+          f'{"pre_fa/1k":>9s} {"onset|e|":>8s} {"early>2":>7s}')
     for j, fault in enumerate(synthetic.FAULT_CLASSES):
       r = detection(cfg, fault, args.traces, args.steps, args.seed + 1 + j, args.window, **family)
       print(f'{fault:20s} {r["detected"]:8.3f} {r["median_delay"]:6.1f} {r["p90_delay"]:5.1f} '
-            f'{r["first_correct"]:8.3f} {r["pre_onset_false_per_1k"]:9.3f}')
+            f'{r["first_correct"]:8.3f} {r["pre_onset_false_per_1k"]:9.3f} '
+            f'{r["onset_mae"]:8.2f} {r["onset_early2"]:7.3f}')
 
 
 if __name__ == '__main__':

@@ -41,6 +41,8 @@ Healthy RL runs trend (reward rises, KL grows, entropy falls), so the baseline k
 after warm-up, as a robust Holt (level + damped trend) filter on the clipped innovation
 e = scale * zc:
   baseline <- pred + baseline_rate * g * e,    trend <- phi * trend + trend_rate * g * e
+  (log signals with log_trend_fast: gain max(trend_rate, 1/n); their warm-up trend is scaled by
+  log_warmup_trend: see MonitorConfig)
   ewvar    <- (1 - v) ewvar + v * scale^2 min(z^2, z_clip^2),  v = max(var_rate, 1/n)
   scale    <- max(sqrt(ewvar), floor)
 With phi = 1 a linear trend is followed without lag (its z stays centred), a slowly bending one
@@ -125,6 +127,18 @@ class MonitorConfig:
     more than 2 steps early 15.6% -> 9.5%, more than 2 steps late 9.8% -> 9.9% (reward_stall's
     streaks: 98% either way), mean |error| 2.55 -> 2.13. Higher trades early for late
     (1.0: early > 2 6.3%, late > 2 11.0%; 2.0: 2.4%, 16.0%), so it stays at one allowance.
+  onset_lead: how a signature with several up/down conditions is dated (monitor.py): at most
+    onset_lead steps before the latest of its conditions' starts, so a condition whose CUSUM
+    sat above onset_reset since an unrelated excursion (clip_frac after an early spike, a
+    reward rise the trend underpredicts) no longer dates the signature there; -1: the earliest
+    start over its conditions, unbounded (the rule before 2026-12-07). One-condition
+    signatures are dated by their condition either way.
+  log_warmup_trend: the share of the warm-up fit's trend that log signals keep (1: all). KL of
+    a run from the reference rises from 0 during the lr warm-up; extrapolated, that rise runs
+    its baseline away and hides a later KL explosion (experiments/faultbench/README.md).
+  log_trend_fast: 1: log signals' trend gain is max(trend_rate, 1/n) after warm-up, as the
+    variance's, so a trend the warm-up did not give them (log_warmup_trend 0) is learned within
+    a few steps; 0: trend_rate.
   """
   warmup: int = 10
   cusum_k: float = 0.5
@@ -149,6 +163,9 @@ class MonitorConfig:
   additive_trend_damping: float = 0.5
   min_trend_warmup: int = 10
   onset_reset: float = 0.5
+  log_warmup_trend: float = 1.0
+  log_trend_fast: int = 0
+  onset_lead: int = -1
 
 
 @flax.struct.dataclass
@@ -208,6 +225,7 @@ def _warmup_fit(window: jnp.ndarray, cfg: MonitorConfig):
   scale = jnp.maximum(1.4826 * mad, _scale_floor(baseline, cfg))
   se = scale * np.sqrt(12.0 / max(w ** 3 - w, 1))
   trend = jnp.sign(slope) * jnp.maximum(jnp.abs(slope) - cfg.trend_shrink * se, 0.0)
+  trend = jnp.where(sig.IS_LOG, cfg.log_warmup_trend * trend, trend)
   if w < cfg.min_trend_warmup:   # too few points to tell a trend from noise: level only
     level = jnp.median(window, axis=-1)
     mad = jnp.median(jnp.abs(window - level[..., None]), axis=-1)
@@ -271,7 +289,10 @@ def detector_update(state: DetectorState, x: jnp.ndarray, step: jnp.ndarray,
   adapt = scoring & ~freeze
   gain = jnp.where(freeze, cfg.frozen_rate, 1.0) * state.scale * zc     # frozen: slow re-learning
   base = jnp.where(scoring, pred + cfg.baseline_rate * gain, state.baseline)
-  trend = jnp.where(adapt, phi * state.trend + cfg.trend_rate * gain,
+  trend_gain = cfg.trend_rate
+  if cfg.log_trend_fast:
+    trend_gain = jnp.where(sig.IS_LOG, jnp.maximum(cfg.trend_rate, 1.0 / n), cfg.trend_rate)
+  trend = jnp.where(adapt, phi * state.trend + trend_gain * gain,
                     jnp.where(scoring, phi * state.trend, state.trend))
   var_gain = jnp.maximum(cfg.var_rate, 1.0 / n)
   resid2 = jnp.minimum(((y0 - pred) / state.scale) ** 2, cfg.z_clip ** 2) * state.scale ** 2

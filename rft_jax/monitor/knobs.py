@@ -68,6 +68,9 @@ KNOBS: dict[str, Knob] = {
     'additive_trend_damping': (float, *_fraction()),
     'min_trend_warmup': (int, *_at_least(0)),
     'onset_reset': (float, *_at_least(0)),
+    'log_warmup_trend': (float, *_fraction()),
+    'log_trend_fast': (int, lambda v: v in (0, 1), 'must be 0 or 1'),
+    'onset_lead': (int, *_at_least(-1)),
 }
 OPTIONAL = tuple(name for name in KNOBS if name != 'warmup')   # warmup: a required key
 

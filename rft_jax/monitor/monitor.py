@@ -15,9 +15,10 @@ then every signature k (signatures.SIGNATURES, K of them) evaluates
   holds_k    = strength_k >= 1 and all its 'not_up' gates hold
   active_k   = holds_k or (active_k(prev) and strength_k >= release and gates hold)
   fired_k    = active_k and not active_k(prev)
-  onset_k    = earliest start among its conditions (CUSUM excursion start: the step after the
-               CUSUM was last within onset_reset of 0; or the first violating step of an invariant
-               streak), latched when it fires.
+  onset_k    = from its conditions' starts (CUSUM excursion start: the step after the CUSUM
+               was last within onset_reset of 0; or the first violating step of an invariant
+               streak): the earliest, but no more than cfg.onset_lead steps before the latest
+               (onset_lead -1: the earliest, unbounded); latched when it fires.
 While k is active, the signals it uses adapt only slowly (detectors.py: freeze).
 """
 from __future__ import annotations
@@ -126,7 +127,10 @@ def monitor_update(state: MonitorState, metrics: Mapping[str, jax.Array],
         starts.append(start)
     strength.append(jnp.min(jnp.stack(ratios, -1), -1))
     gate.append(jnp.all(jnp.stack(gates, -1), -1) if gates else jnp.ones_like(ratios[0], bool))
-    onset.append(jnp.min(jnp.stack(starts, -1), -1))
+    st = jnp.stack(starts, -1)
+    earliest = jnp.min(st, -1)
+    onset.append(earliest if cfg.onset_lead < 0 else
+                 jnp.maximum(earliest, jnp.max(st, -1) - cfg.onset_lead))
   strength = jnp.stack(strength, -1).astype(jnp.float32)                          # [..., K]
   gate, onset = jnp.stack(gate, -1), jnp.stack(onset, -1).astype(jnp.int32)
 
