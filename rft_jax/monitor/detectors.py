@@ -127,15 +127,26 @@ class MonitorConfig:
     more than 2 steps early 15.6% -> 9.5%, more than 2 steps late 9.8% -> 9.9% (reward_stall's
     streaks: 98% either way), mean |error| 2.55 -> 2.13. Higher trades early for late
     (1.0: early > 2 6.3%, late > 2 11.0%; 2.0: 2.4%, 16.0%), so it stays at one allowance.
-  onset_lead: how a signature with several up/down conditions is dated (monitor.py): at most
-    onset_lead steps before the latest of its conditions' starts, so a condition whose CUSUM
-    sat above onset_reset since an unrelated excursion (clip_frac after an early spike, a
-    reward rise the trend underpredicts) no longer dates the signature there; -1: the earliest
-    start over its conditions, unbounded (the rule before 2026-12-07). One-condition
-    signatures are dated by their condition either way.
+  onset_lead: how a signature with several up/down conditions is dated (monitor.py): the
+    earliest of its conditions' starts, but at most onset_lead steps before the latest, so a
+    condition whose CUSUM sat above onset_reset since an unrelated excursion (clip_frac after
+    an early spike, a reward rise the trend underpredicts) no longer dates the signature there;
+    -1: the earliest, unbounded (the rule before 2026-12-07). One-condition signatures are
+    dated by their condition either way. Onset error of the first detection (mean |error|,
+    200 synthetic traces per class, tools/monitor_false_alarms), -1 -> 2: reward_hacking
+    5.61 -> 1.18 steps, entropy_explosion 1.66 -> 0.85, length_blowup 1.43 -> 0.88,
+    kl_explosion 1.10 -> 0.89 (from the reference 1.53 -> 1.39), reward_collapse 1.69 -> 1.31,
+    no class worse (the only lead tried with none worse: 0, the latest start, 1.47 on
+    kl_explosion, whose KL CUSUM starts a step or two after clip_frac's; 1, 1.62 on
+    kl_explosion from the reference). Detection and false alarms do not depend on it;
+    FaultBench seeds 3, 4 replayed: the same incidents in all 44 runs
+    (experiments/faultbench/README.md, 2026-12-07, 23rd session).
   log_warmup_trend: the share of the warm-up fit's trend that log signals keep (1: all). KL of
     a run from the reference rises from 0 during the lr warm-up; extrapolated, that rise runs
-    its baseline away and hides a later KL explosion (experiments/faultbench/README.md).
+    its baseline away and hides a later KL explosion. 0 with log_trend_fast 1 detects it
+    (synthetic, from the reference: kl_explosion within 10 steps 0.780 -> 0.995) but dated
+    FaultBench's first detections worse (mean |error| 0.20 -> 0.67 with onset_lead 2), so both
+    stay off (experiments/faultbench/README.md, 2026-12-07).
   log_trend_fast: 1: log signals' trend gain is max(trend_rate, 1/n) after warm-up, as the
     variance's, so a trend the warm-up did not give them (log_warmup_trend 0) is learned within
     a few steps; 0: trend_rate.
@@ -165,7 +176,7 @@ class MonitorConfig:
   onset_reset: float = 0.5
   log_warmup_trend: float = 1.0
   log_trend_fast: int = 0
-  onset_lead: int = -1
+  onset_lead: int = 2
 
 
 @flax.struct.dataclass
