@@ -101,3 +101,8 @@ def test_the_false_alarm_tool_scores_the_onset_of_the_first_detection(capsys):
   assert 0.0 < r['onset_mae'] <= 3.0 and 0.0 <= r['onset_early2'] <= 0.25, r
   monitor_false_alarms.main(['--traces', '1', '--steps', '81'])
   assert 'onset|e| early>2' in capsys.readouterr().out
+
+
+def test_the_default_dates_a_signature_within_two_steps_of_its_latest_condition():
+  # the default onset_lead is 2 (experiments/faultbench/README.md, 2026-12-07, 23rd session)
+  assert firings(alarms_of([clip_then_kl_trace()]), 'kl_explosion_with_clipping') == [(33, 29)]
