@@ -378,6 +378,9 @@ def check_task(config: ml_collections.ConfigDict) -> None:
     if not manual_dir:
       raise ConfigError('task.manual_dir', 'required for task gsm8k: the directory holding the '
                         'official train.jsonl and test.jsonl', manual_dir)
-    if not os.path.isdir(os.path.expanduser(manual_dir)):
-      raise ConfigError('task.manual_dir', f'no such directory (relative to {os.getcwd()}); it '
-                        'must hold train.jsonl and test.jsonl', manual_dir)
+    path = os.path.expanduser(manual_dir)
+    if not os.path.isdir(path):
+      what = 'a file, not a directory' if os.path.exists(path) else 'no such directory'
+      where = '' if os.path.isabs(path) else f' (relative to {os.getcwd()})'
+      raise ConfigError('task.manual_dir', f'{what}{where}; it must be the directory holding '
+                        'train.jsonl and test.jsonl', manual_dir)

@@ -191,3 +191,58 @@ def test_arith_prompts_unchanged():
   assert out['prompt_tokens'].tolist() == [tok.pad_id] * (8 - len(ids)) + ids
   assert pipeline.formatted([record], tok, pipeline.PromptFormat()) == [record]
   assert np.array_equal(out['prompt_mask'], [0] * (8 - len(ids)) + [1] * len(ids))
+
+
+def test_a_line_that_is_not_utf8_is_one_malformed_line(manual_dir, tmp_path):
+  """A stray Latin-1 byte names its file and line (it was a bare UnicodeDecodeError naming
+  neither); in train.jsonl under task.bad_records='skip' that line alone is left out."""
+  data_dir = str(tmp_path / 'tfds')
+  path = os.path.join(manual_dir, 'test.jsonl')
+  with open(path, 'ab') as f:
+    f.write(b'{"question": "Caf\xe9 bill?", "answer": "#### 3"}\n')
+  with pytest.raises(ValueError) as e:
+    gsm8k.load_split('test', manual_dir, data_dir)
+  assert str(e.value) == f'{path} line 2 (record 1): not UTF-8 (byte 0xe9 at column 18)'
+  write_jsonl(path, TEST)
+  with open(os.path.join(manual_dir, 'train.jsonl'), 'ab') as f:
+    f.write(b'{"question": "\xff?", "answer": "#### 3"}\n')
+  skipped = []
+  train, _ = components.load_task(
+      task_config(manual_dir, data_dir, bad_records='skip', chat_template=False),
+      tokenizer=None, skipped=skipped)
+  assert len(train) == 3
+  assert len(skipped) == 1 and skipped[0].endswith('train.jsonl line 4 (record 3): not UTF-8 '
+                                                   '(byte 0xff at column 15)'), skipped
+
+
+def test_a_byte_order_mark_is_read_past(manual_dir, tmp_path):
+  """A file saved 'UTF-8 with BOM' (Windows editors) reads as without it."""
+  path = os.path.join(manual_dir, 'test.jsonl')
+  with open(path, 'rb') as f:
+    body = f.read()
+  with open(path, 'wb') as f:
+    f.write(b'\xef\xbb\xbf' + body)
+  assert gsm8k.read_split(manual_dir, 'test')[0]['answer'] == '-3'
+
+
+def test_a_split_file_that_is_a_directory_is_named_so(manual_dir, tmp_path):
+  os.remove(os.path.join(manual_dir, 'train.jsonl'))
+  os.mkdir(os.path.join(manual_dir, 'train.jsonl'))
+  with pytest.raises(FileNotFoundError) as e:
+    gsm8k.read_split(manual_dir, 'test')
+  assert f'manual_dir {manual_dir}: train.jsonl is a directory, not a file;' in str(e.value)
+
+
+def test_manual_dir_that_is_a_file_is_named_so(manual_dir):
+  """config.task.manual_dir naming train.jsonl itself: 'a file, not a directory' (it said 'no
+  such directory'), and no '(relative to CWD)' after an absolute path."""
+  from rft_jax import config_rules  # pylint: disable=g-import-not-at-top
+  config = task_config(os.path.join(manual_dir, 'train.jsonl'), '')
+  with pytest.raises(config_rules.ConfigError) as e:
+    config_rules.check_task(config)
+  assert str(e.value).startswith('config.task.manual_dir=')   # the value, shortened
+  assert str(e.value).endswith(": a file, not a directory; it must be the directory holding "
+                               'train.jsonl and test.jsonl')
+  config.task.manual_dir = 'no/such/dir'
+  with pytest.raises(config_rules.ConfigError, match=r'no such directory \(relative to '):
+    config_rules.check_task(config)

@@ -16,12 +16,12 @@ instruction are applied by the pipeline, see ``pipeline.PromptFormat``), ``answe
 after the last ``####`` (stripped, e.g. ``'72'`` or ``'1,234'``; the ``gsm8k`` verifier
 normalises it), ``solution`` the full answer field.
 
-The files are checked at every load: a missing file, a line that is not a JSON object, a
-missing or non-string field, an empty question or an answer without ``####`` raises ValueError
-naming the file and line. With ``skip_bad_train`` (``config.task.bad_records='skip'``) a
-malformed line of train.jsonl is left out instead and its one-line reason returned; one of
-test.jsonl (the held-out set) still raises. The prepared dataset holds the well-formed records
-only (in the default mode that is every record). It lives in
+The files are checked at every load: a missing file, a line that is not UTF-8 or not a JSON
+object, a missing or non-string field, an empty question or an answer without ``####`` raises
+ValueError naming the file and line. With ``skip_bad_train``
+(``config.task.bad_records='skip'``) a malformed line of train.jsonl is left out instead and its
+one-line reason returned; one of test.jsonl (the held-out set) still raises. The prepared
+dataset holds the well-formed records only (in the default mode that is every record). It lives in
 ``DATA_DIR/gsm8k/files_<hash>/``, where the hash covers both files' bytes, so editing the files
 makes a new dataset instead of reusing a stale one.
 
@@ -54,16 +54,26 @@ def split_path(manual_dir: str, split: str) -> str:
   manual_dir = os.path.expanduser(manual_dir)
   if not os.path.isdir(manual_dir):
     raise _files_error(manual_dir, 'no such directory')
-  missing = [name for name in SPLIT_FILES.values()
-             if not os.path.isfile(os.path.join(manual_dir, name))]
+  paths = [os.path.join(manual_dir, name) for name in SPLIT_FILES.values()]
+  folders = [os.path.basename(p) for p in paths if os.path.isdir(p)]
+  if folders:   # said as such: 'missing train.jsonl' beside a train.jsonl/ folder reads wrong
+    raise _files_error(manual_dir, ', '.join(folders) + ' is a directory, not a file')
+  missing = [os.path.basename(p) for p in paths if not os.path.isfile(p)]
   if missing:
     raise _files_error(manual_dir, 'missing ' + ', '.join(missing))
   return os.path.join(manual_dir, SPLIT_FILES[split])
 
 
-def parse_record(line: str, index: int, path: str) -> dict[str, Any]:
-  """One JSONL line -> a record; ValueError naming ``path`` and line ``index`` if malformed."""
+def parse_record(line: str | bytes, index: int, path: str) -> dict[str, Any]:
+  """One JSONL line (text, or its bytes as read from the file) -> a record; ValueError naming
+  ``path`` and line ``index`` if malformed, also when the bytes are not UTF-8."""
   where = f'{path} line {index + 1} (record {index})'
+  if isinstance(line, bytes):
+    try:
+      line = line.decode('utf-8')
+    except UnicodeDecodeError as e:
+      raise ValueError(f'{where}: not UTF-8 (byte 0x{line[e.start]:02x} at column '
+                       f'{e.start + 1})') from None
   try:
     raw = json.loads(line.rstrip('\r\n'))
   except json.JSONDecodeError as e:   # its own "line 1" would read oddly after ours
@@ -92,11 +102,15 @@ def read_split(manual_dir: str, split: str,
                skipped: list[str] | None = None) -> list[dict[str, Any]]:
   """Every record of ``split`` (checked, see ``parse_record``); blank lines are skipped but
   still count for ids and line numbers. A malformed line raises ValueError, or, with a
-  ``skipped`` list, is left out and its one-line reason appended to the list."""
+  ``skipped`` list, is left out and its one-line reason appended to the list. Read as bytes
+  and decoded line by line, so a line that is not UTF-8 is one malformed line like any other
+  (named, or skipped), not a UnicodeDecodeError for the whole file."""
   path = split_path(manual_dir, split)
   records = []
-  with open(path, encoding='utf-8') as f:
+  with open(path, 'rb') as f:
     for index, line in enumerate(f):
+      if index == 0:   # a byte-order mark, as Windows editors write, is no part of the JSON
+        line = line.removeprefix(b'\xef\xbb\xbf')
       if not line.strip():
         continue
       try:
