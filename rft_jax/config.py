@@ -17,6 +17,7 @@ direct-preference recipe (offline: `dpo.pairs` names a pair dataset; online: pai
 `rollout`, `rewards` and `algo` sections. Checks that depend on the devices (e.g. the batch
 dividing the data-parallel axes) happen where the mesh is built.
 """
+import inspect
 import os
 from typing import Any
 
@@ -247,6 +248,24 @@ def _check_verifier_names(config: ml_collections.ConfigDict) -> None:
       raise ConfigError(f'rewards.weights.{name}',
                         'unknown verifier' + did_you_mean(name, VERIFIERS) + '; known: '
                         + ', '.join(sorted(VERIFIERS)))
+    _check_verifier_signature(name, VERIFIERS[name])
+
+
+def _check_verifier_signature(name: str, fn) -> None:
+  """ConfigError naming rewards.weights.<name> when `fn` cannot be called as fn(completion,
+  answer): found here in one line before anything is built, not as every sample's TypeError at
+  the first step (a reward failure, after the model load and the base eval)."""
+  try:
+    signature = inspect.signature(fn)
+  except (TypeError, ValueError):   # a builtin or C callable without one: nothing to check
+    return
+  try:
+    signature.bind('', '')
+  except TypeError as e:
+    where = f'{getattr(fn, "__module__", "?")}.{getattr(fn, "__qualname__", repr(fn))}'
+    raise ConfigError(f'rewards.weights.{name}',
+                      f'verifier {where}{signature} cannot be called as fn(completion, answer) '
+                      f'({e})') from None
 
 
 _ALGO_KINDS = (('advantage', 'advantage estimator'), ('loss', 'policy loss'),
