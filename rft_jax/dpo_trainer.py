@@ -135,7 +135,7 @@ class OnlinePairs:
     answers = np.repeat(prompts['answer'], self.config.rollout.group_size)
     rewards = rollouts.score_rows(self.runner, texts, list(answers))   # each process its rows
     trainer.check_rewards(rewards, self.config.rewards.max_invalid_frac, step, texts,
-                          self.kept)
+                          self.kept, self.config.rewards.timeout_s)
     batch, metrics = self.prepare(self.ref_params, rollout,
                                   hostdata.place(rewards.total, self.batch_sh),
                                   hostdata.place(rewards.valid, self.batch_sh))

@@ -73,6 +73,27 @@ def score_rows(runner, texts: list, answers: list) -> RewardResult:
       error_messages=local.error_messages, stuck_chunks=stuck)
 
 
+def unscored_notes(rewards: RewardResult, n: int, timeout_s: float,
+                   reported: set) -> list[str]:
+  """One line for each verifier that failed on some of this batch's `n` samples and was not in
+  `reported` (added to it): a batch below rewards.max_invalid_frac trains on, and without this
+  the user's verifier raising on a tenth of the samples showed only in reward/errors/<name>."""
+  notes = []
+  for name in sorted({*rewards.errors, *rewards.timeouts}):
+    errors, timeouts = rewards.errors.get(name, 0), rewards.timeouts.get(name, 0)
+    if name in reported or not errors + timeouts:
+      continue
+    reported.add(name)
+    why = [f'{errors} raised or gave no finite number, the first: '
+           f'{rewards.error_messages.get(name, "?")}'] if errors else []
+    if timeouts:
+      why.append(f'{timeouts} ran past config.rewards.timeout_s={timeout_s} s')
+    notes.append(f'verifier {name!r} left {errors + timeouts} of {n} samples unscored '
+                 f'({"; ".join(why)}); they are left out of the loss (reward/errors/{name}, '
+                 f'reward/timeouts/{name}; said once per verifier)')
+  return notes
+
+
 def _any_process(short: bool) -> bool:
   if jax.process_count() == 1:
     return short
@@ -103,6 +124,7 @@ class RolloutStage:
     self.place_prompts = place_prompts
     self.sample_shardings = sample_shardings
     self.limit_reported = False
+    self.unscored_reported = set()   # verifiers whose failures were reported (unscored_notes)
 
   def _round(self, params, step: int, round_: int, temperature: float):
     """One prompt batch sampled and scored -> (payload dict, reward seconds)."""
@@ -128,6 +150,9 @@ class RolloutStage:
     if faulty:
       rewards = self.injector.rewards(step, rewards, texts, self.config.rewards.weights, max_new)
     self.check(rewards, step, texts)
+    for note in unscored_notes(rewards, len(texts), self.config.rewards.timeout_s,
+                               self.unscored_reported):
+      self.on_message(f'step {step}: {note}')
     reward_s = time.time() - t
     total = rewards.total
     if self.algo.overlong == 'soft':

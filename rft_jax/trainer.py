@@ -210,7 +210,8 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   rollout_stage = rollouts.RolloutStage(
       config, algo, data_it, c.tokenizer, runner, sampler,
       check=lambda r, s, t: check_rewards(r, config.rewards.get('max_invalid_frac', 1.0), s, t,
-                                          lambda: runs.kept_note(ckpt, workdir)),
+                                          lambda: runs.kept_note(ckpt, workdir),
+                                          config.rewards.timeout_s),
       on_message=hooks.on_message, skipped=skipped, injector=injector, hard_it=hard_it,
       place_prompts=lambda x: hostdata.place(x, prompt_sh),
       sample_shardings=meshlib.sampling_shardings(   # None: sample in the training layout
@@ -373,16 +374,20 @@ def step_compute(config, model_cfg, metrics: dict, meta: dict) -> dict:
   return {'compute/flops_step': step, 'compute/flops_cumulative': meta['flops']}
 
 
-def check_rewards(rewards, max_invalid_frac: float, step: int, texts, kept) -> None:
+def check_rewards(rewards, max_invalid_frac: float, step: int, texts, kept,
+                  timeout_s: float | None = None) -> None:
   """Stops the run (before any update from this batch) when too many samples went unscored;
-  kept() -> runs.kept_note, the checkpoint the run keeps (asked only then: it lists the disk)."""
+  kept() -> runs.kept_note, the checkpoint the run keeps (asked only then: it lists the disk);
+  timeout_s: config.rewards.timeout_s, named when a timeout is the cause."""
   invalid = 1.0 - float(np.mean(rewards.valid)) if len(texts) else 0.0
   if invalid <= max_invalid_frac:
     return
   failing = {**{k: v for k, v in rewards.errors.items() if v},
              **{k: v for k, v in rewards.timeouts.items() if v}}
   name = max(failing, key=failing.get) if failing else '?'
-  detail = rewards.error_messages.get(name, 'timed out')
+  detail = rewards.error_messages.get(
+      name, 'timed out' if timeout_s is None else f'timed out (> config.rewards.timeout_s='
+      f'{timeout_s} s)')
   raise TrainingError(
       f'reward failure at step {step}: {invalid:.0%} of samples unscored '
       f'(> config.rewards.max_invalid_frac={max_invalid_frac}); verifier {name!r}: {detail}; '

@@ -177,3 +177,16 @@ def interrupts_inline(completion: str, answer: str) -> float:
   if completion == 'interrupt':
     raise KeyboardInterrupt
   return 1.0
+
+
+EVERY_8TH_CALLS = [0]   # reset by the test that uses it (inline scoring: this process's count)
+
+
+@verifiers.register_verifier('test_raises_every_8th')
+def raises_every_8th(completion: str, answer: str) -> float:
+  """Raises on every 8th call (2 of a tiny recipe's 16 samples), else scores nothing (0.0)."""
+  del completion, answer
+  EVERY_8TH_CALLS[0] += 1
+  if EVERY_8TH_CALLS[0] % 8 == 0:
+    raise RuntimeError(f'call {EVERY_8TH_CALLS[0]}')
+  return 0.0

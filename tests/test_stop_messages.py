@@ -42,3 +42,17 @@ def test_a_reward_failure_before_any_checkpoint_does_not_claim_one_is_kept():
   assert "verifier 'boom': RuntimeError: exploded" in message
   assert message.endswith('stopped before its first checkpoint, so none is kept in /w; the '
                           'same command starts the run over'), message
+
+
+def test_a_reward_failure_by_timeouts_names_the_timeout_key():
+  """A verifier that hangs on every sample: the stop names config.rewards.timeout_s (it said only
+  'timed out')."""
+  n = 4
+  rewards = RewardResult(total=np.zeros(n, np.float32),
+                         per_verifier={'slow': np.full(n, np.nan, np.float32)},
+                         valid=np.zeros(n, bool), errors={'slow': 0}, timeouts={'slow': n})
+  with pytest.raises(runs.TrainingError) as stopped:
+    trainer.check_rewards(rewards, 0.5, 1, ['1'] * n,
+                          lambda: runs.kept_note(_Checkpoints([]), '/w'), 2.0)
+  assert ("verifier 'slow': timed out (> config.rewards.timeout_s=2.0 s); stopped before"
+          in str(stopped.value)), stopped.value
