@@ -59,7 +59,7 @@ def load_recipe(spec: str, origin: str | None = None) -> ml_collections.ConfigDi
     module_spec.loader.exec_module(module)
   except Exception as e:  # pylint: disable=broad-except
     raise RecipeError(f'config file {path!r} failed to load: {type(e).__name__}: '
-                      f'{one_line(str(e))}') from None
+                      f'{one_line(str(e))}{_beside_hint(e, path)}') from None
   # A recipe that lists its VARIANTS (the shipped ones do) rejects any other `:arg`, so a typo
   # such as ':tinyy' cannot silently run the full recipe.
   variants, variant = getattr(module, 'VARIANTS', None), arg[0] if arg else ''
@@ -77,6 +77,24 @@ def load_recipe(spec: str, origin: str | None = None) -> ml_collections.ConfigDi
     raise RecipeError(f'config file {path!r}: get_config() returned {type(config).__name__}, '
                       'not a ConfigDict')
   return config
+
+
+def _beside_hint(e: Exception, path: str) -> str:
+  """For a module the recipe imports that sits beside it (a user's verifiers, myrewards.py
+  next to my_recipe.py): a recipe is loaded from its path, not run as a script, so its
+  directory is not on sys.path, and 'No module named' alone reads as a typo; for one that does
+  not, the name of a module beside it that is close (a typo)."""
+  top = (getattr(e, 'name', None) or '').partition('.')[0] if isinstance(
+      e, ModuleNotFoundError) else ''
+  directory = os.path.dirname(os.path.abspath(path))
+  if not top:
+    return ''
+  if not (os.path.isfile(os.path.join(directory, top + '.py'))
+          or os.path.isdir(os.path.join(directory, top))):   # a typo? ('myrewardz')
+    beside = [f.removesuffix('.py') for f in os.listdir(directory) if f.endswith('.py')]
+    return config_lib.did_you_mean(top, beside)
+  return (f' ({top} is beside the recipe, but a recipe is not run as a script: its directory '
+          f'is not on the import path; PYTHONPATH={directory} adds it)')
 
 
 def _shipped_hint(path: str) -> str:

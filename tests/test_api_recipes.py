@@ -113,6 +113,26 @@ def test_recipe_errors_are_one_line(tmp_path):
     api.load_config(str(broken))
 
 
+def test_a_module_beside_the_recipe_that_cannot_be_imported_is_explained(tmp_path):
+  """A recipe importing the user's verifiers from the file beside it: outside the import path
+  the error says why and what adds it, a misspelt name gets the close one (both said only 'No
+  module named ...', which reads as a typo in the first case)."""
+  (tmp_path / 'my_verifiers_beside.py').write_text('')
+  recipe = tmp_path / 'mine.py'
+  recipe.write_text('import my_verifiers_beside\n\ndef get_config(arg=None):\n  return None\n')
+  with pytest.raises(api.RecipeError) as e:
+    api.load_config(str(recipe))
+  assert str(e.value) == (
+      f"config file '{recipe}' failed to load: ModuleNotFoundError: No module named "
+      "'my_verifiers_beside' (my_verifiers_beside is beside the recipe, but a recipe is not run "
+      f'as a script: its directory is not on the import path; PYTHONPATH={tmp_path} adds it)')
+  recipe.write_text('import my_verifiers_besid\n\ndef get_config(arg=None):\n  return None\n')
+  with pytest.raises(api.RecipeError) as e:
+    api.load_config(str(recipe))
+  assert str(e.value).endswith("No module named 'my_verifiers_besid' (did you mean "
+                               "'my_verifiers_beside'?)"), e.value
+
+
 def test_an_unknown_recipe_variant_is_a_one_line_error_and_every_listed_one_loads():
   """'grpo_arith:tinyy' used to run the full recipe; every shipped recipe lists its VARIANTS."""
   with pytest.raises(api.RecipeError, match=r"^config file '.*grpo_arith\.py': unknown variant "
