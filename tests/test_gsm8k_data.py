@@ -246,3 +246,12 @@ def test_manual_dir_that_is_a_file_is_named_so(manual_dir):
   config.task.manual_dir = 'no/such/dir'
   with pytest.raises(config_rules.ConfigError, match=r'no such directory \(relative to '):
     config_rules.check_task(config)
+
+
+def test_no_custom_configuration_warning_on_each_load(manual_dir, tmp_path, caplog):
+  """TFDS warned 'Using custom data configuration: Gsm8kConfig(...)' on every run (every build
+  is one): a long line that read as a problem with the files."""
+  with caplog.at_level('INFO'):
+    gsm8k.load_split('train', manual_dir, str(tmp_path / 'tfds'))
+    gsm8k.load_split('test', manual_dir, str(tmp_path / 'tfds'))
+  assert not [r for r in caplog.records if 'custom data configuration' in r.getMessage()]

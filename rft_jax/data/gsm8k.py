@@ -32,6 +32,7 @@ import dataclasses
 import fcntl
 import hashlib
 import json
+import logging
 import os
 from typing import Any, Iterator
 
@@ -41,6 +42,20 @@ import tensorflow_datasets as tfds
 from rft_jax.data import arith
 
 SPLIT_FILES = {'train': 'train.jsonl', 'test': 'test.jsonl'}
+
+
+class _NoCustomConfigWarning(logging.Filter):
+  """Drops TFDS's 'Using custom data configuration: Gsm8kConfig(...)' warning: every build is
+  a custom config (named by the files' hash), so it printed a long line on every run that
+  reads as a problem with the user's files."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.msg == 'Using custom data configuration: %s'
+                and isinstance(record.args, tuple) and record.args
+                and isinstance(record.args[0], Gsm8kConfig))
+
+
+logging.getLogger('absl').addFilter(_NoCustomConfigWarning())
 
 
 def _files_error(manual_dir: str, detail: str) -> FileNotFoundError:
