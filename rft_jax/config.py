@@ -229,11 +229,35 @@ def _check_paths(config: ml_collections.ConfigDict) -> None:
   if path and not os.path.exists(path):
     raise ConfigError('tokenizer.path', f'not found (relative to {os.getcwd()})', path)
   rules.check_task(config)
+  _check_prompt_options(config.task)
   if config.init_from and not os.path.isdir(config.init_from):
     raise ConfigError('init_from',
                       f"no such directory (relative to {os.getcwd()}); '' = model.path's "
                       'weights, or a random init without model.path',
                       config.init_from)
+
+
+# Task keys only GSM8K reads (rft_jax/components.py load_task): arith's prompts are the raw
+# problems, which its tokenizer and base policy were trained on.
+_FILE_TASK_KEYS = ('manual_dir', 'system_prompt', 'instruction')
+
+
+def _check_prompt_options(task) -> None:
+  """A prompt option the task would ignore is refused (it was dropped without a word): a
+  system prompt without the chat template (a plain-text prompt has no system turn), and the
+  file-task keys, or the chat template, on arith."""
+  if task.name == 'arith':
+    for key in _FILE_TASK_KEYS:
+      if task.get(key, ''):
+        raise ConfigError(f'task.{key}', "has no effect on task 'arith' (its prompts are the "
+                          "raw problems); it is read by task 'gsm8k'", task[key])
+    if task.get('chat_template', False):
+      raise ConfigError('task.chat_template', "has no effect on task 'arith' (its prompts are "
+                        "the raw problems); it is read by task 'gsm8k'", True)
+  elif task.get('system_prompt', '') and not task.get('chat_template', True):
+    raise ConfigError('task.system_prompt', 'has no effect with task.chat_template=False (a '
+                      'plain-text prompt has no system turn); put the text in task.instruction '
+                      'or use the chat template', task.system_prompt)
 
 
 # --- Registered names ------------------------------------------------------------------------

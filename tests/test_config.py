@@ -142,6 +142,28 @@ def test_a_verifier_of_the_wrong_signature_is_refused_at_load(grpo):
   config_lib.validate(grpo)
 
 
+@pytest.mark.parametrize('task,key,said', [
+    ({'instruction': 'Answer:'}, 'task.instruction', "has no effect on task 'arith'"),
+    ({'system_prompt': 'Be brief.'}, 'task.system_prompt', "has no effect on task 'arith'"),
+    ({'manual_dir': '/data'}, 'task.manual_dir', "has no effect on task 'arith'"),
+    ({'chat_template': True}, 'task.chat_template', "has no effect on task 'arith'"),
+    ({'name': 'gsm8k', 'manual_dir': '.', 'chat_template': False, 'system_prompt': 'Be brief.'},
+     'task.system_prompt', 'has no effect with task.chat_template=False (a plain-text prompt '
+     'has no system turn)'),
+])
+def test_a_prompt_option_the_task_would_ignore_is_refused(grpo, task, key, said):
+  """These were dropped without a word: arith renders raw problems, a plain-text prompt has
+  no system turn. task.chat_template=False and bad_records on arith are fine."""
+  with grpo.unlocked():
+    grpo.task.update(task)
+  error = _error(grpo)
+  assert error.key == key and said in str(error), error
+  with grpo.unlocked():
+    grpo.task = ml_collections.ConfigDict({**grpo_arith.get_config().task, 'bad_records': 'skip',
+                                           'chat_template': False})
+  config_lib.validate(grpo)
+
+
 def test_empty_reward_weights(grpo):
   _replace(grpo, 'rewards.weights', ml_collections.ConfigDict())
   assert _error(grpo).key == 'rewards.weights'
