@@ -55,7 +55,15 @@ class _NoCustomConfigWarning(logging.Filter):
                 and isinstance(record.args[0], Gsm8kConfig))
 
 
-logging.getLogger('absl').addFilter(_NoCustomConfigWarning())
+def _builder(config: 'Gsm8kConfig', root: str) -> 'Gsm8k':
+  """Gsm8k(config) without TFDS's custom-configuration warning (the filter is on the absl
+  logger only while the builder is made, so no other warning is touched)."""
+  quiet, absl_logger = _NoCustomConfigWarning(), logging.getLogger('absl')
+  absl_logger.addFilter(quiet)
+  try:
+    return Gsm8k(config=config, data_dir=root, file_format='array_record')
+  finally:
+    absl_logger.removeFilter(quiet)
 
 
 def _files_error(manual_dir: str, detail: str) -> FileNotFoundError:
@@ -201,13 +209,13 @@ def load_builder(manual_dir: str, data_dir: str = '',
   config = Gsm8kConfig(name=f'files_{files_digest(manual_dir)}', manual_dir=manual_dir,
                        description=f'GSM8K from {manual_dir}')
   root = arith.resolve_data_dir(data_dir)
-  builder = Gsm8k(config=config, data_dir=root, file_format='array_record')
+  builder = _builder(config, root)
   if builder.is_prepared():
     return builder, skipped
   os.makedirs(root, exist_ok=True)
   with open(os.path.join(root, f'.gsm8k-{config.name}.lock'), 'w') as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)   # one writer when several processes start together
-    builder = Gsm8k(config=config, data_dir=root, file_format='array_record')
+    builder = _builder(config, root)
     if not builder.is_prepared():
       tfds.disable_progress_bar()
       builder.download_and_prepare(
