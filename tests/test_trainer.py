@@ -182,39 +182,6 @@ def test_a_broken_verifier_stops_the_run_naming_it(tmp_path):
   assert not os.path.exists(tmp_path / 'checkpoints' / '1')   # nothing learned from it is saved
 
 
-def test_a_verifier_failing_on_some_samples_is_said_once_and_the_run_goes_on(tmp_path):
-  """Below rewards.max_invalid_frac the run trains on; the first failure of each verifier is
-  one message naming it, its first error and the count (it showed only in reward/errors/<name>,
-  nothing on the console); later failures are counted, not said again."""
-  reward_fixtures.EVERY_8TH_CALLS[0] = 0
-  config = tiny_config(**{'train.steps': 3})
-  config.rewards.weights = {'correct': 1.0, 'test_raises_every_8th': 0.0}
-  trainer.run(config, str(tmp_path))
-  rows = train_rows(str(tmp_path))
-  assert [rows[s]['reward/errors/test_raises_every_8th'] for s in (1, 2, 3)] == [2.0] * 3
-  said = [r['text'] for r in read_jsonl(os.path.join(tmp_path, 'metrics.jsonl'), kind='message')
-          if 'test_raises_every_8th' in r['text']]
-  assert len(said) == 1 and said[0].startswith(
-      "step 1: verifier 'test_raises_every_8th' left 2 of 16 samples unscored (2 raised or gave "
-      'no finite number, the first: RuntimeError: call 8 [sample 7, completion '), said
-  assert said[0].endswith(']); they are left out of the loss (reward/errors/test_raises_every_8th'
-                          ', reward/timeouts/test_raises_every_8th; said once per verifier)')
-
-
-def test_unscored_notes_name_the_timeout_key():
-  from rft_jax.rewards.result import RewardResult  # pylint: disable=g-import-not-at-top
-  from rft_jax import rollouts  # pylint: disable=g-import-not-at-top
-  n, reported = 8, {'seen'}
-  rewards = RewardResult(total=np.zeros(n, np.float32), per_verifier={},
-                         valid=np.zeros(n, bool), errors={'slow': 0, 'seen': 3},
-                         timeouts={'slow': 3, 'seen': 0})
-  assert rollouts.unscored_notes(rewards, n, 2.0, reported) == [
-      "verifier 'slow' left 3 of 8 samples unscored (3 ran past config.rewards.timeout_s=2.0 s); "
-      'they are left out of the loss (reward/errors/slow, reward/timeouts/slow; said once per '
-      'verifier)']
-  assert reported == {'seen', 'slow'} and rollouts.unscored_notes(rewards, n, 2.0, reported) == []
-
-
 def test_a_prompt_too_long_for_the_config_is_a_setup_error_naming_the_record(tmp_path):
   from rft_jax import components  # pylint: disable=g-import-not-at-top
   with pytest.raises(components.SetupError, match=r"record id=\d+: prompt '.*' is 7 tokens"):

@@ -1,0 +1,138 @@
+"""A user's own rewards and prompts, at load and in training: a verifier of the wrong
+signature, a prompt option the task would ignore, a verifier failing on some samples (said
+once, the run goes on). The files of the GSM8K task (a user's own JSONL) are tested in
+tests/test_gsm8k_data.py."""
+import os
+import sys
+
+import ml_collections
+import numpy as np
+import pytest
+
+from configs import grpo_arith, sft_arith
+from rft_jax import config as config_lib
+from rft_jax import trainer
+from rft_jax.telemetry.sinks import read_jsonl
+
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if _TESTS_DIR not in sys.path:   # reward_fixtures registers test-only verifiers
+  sys.path.insert(0, _TESTS_DIR)
+import reward_fixtures  # noqa: E402  pylint: disable=g-import-not-at-top
+
+ConfigError = config_lib.ConfigError
+
+
+@pytest.fixture
+def grpo(assets):
+  config = grpo_arith.get_config()
+  config.tokenizer.path, config.init_from = assets
+  return config
+
+
+@pytest.fixture
+def sft(assets):
+  config = sft_arith.get_config()
+  config.tokenizer.path, config.init_from = assets
+  return config
+
+
+def _error(config) -> ConfigError:
+  with pytest.raises(ConfigError) as info:
+    config_lib.validate(config)
+  message = str(info.value)
+  assert '\n' not in message and message.startswith('config.')
+  return info.value
+
+
+def tiny_config(**overrides):
+  config = grpo_arith.get_config('tiny')
+  config.telemetry.console = False
+  config.telemetry.tensorboard = False
+  config.rewards.num_workers = 0     # inline scoring: no worker start-up in short tests
+  config.update_from_flattened_dict(overrides)
+  return config
+
+
+def train_rows(workdir):
+  return {r['step']: r for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'), kind='train')}
+
+
+def test_a_verifier_of_the_wrong_signature_is_refused_at_load(grpo):
+  """A verifier that cannot be called as fn(completion, answer) is a one-line ConfigError
+  naming its key and function (it was every sample's TypeError at the first step, after the
+  model load and base eval); extra arguments with defaults are fine."""
+  from rft_jax.rewards import verifiers  # pylint: disable=g-import-not-at-top
+
+  @verifiers.register_verifier('test_one_argument')
+  def one_argument(completion):
+    return float(bool(completion))
+
+  @verifiers.register_verifier('test_with_defaults')
+  def with_defaults(completion, answer, *, scale=1.0):
+    return scale * (completion == answer)
+
+  grpo.rewards.weights.test_one_argument = 1.0
+  error = _error(grpo)
+  assert error.key == 'rewards.weights.test_one_argument'
+  assert str(error) == (
+      f'config.rewards.weights.test_one_argument: verifier {one_argument.__module__}.'
+      f'{one_argument.__qualname__}(completion) cannot be called as fn(completion, answer) '
+      '(too many positional arguments)')
+  del grpo.rewards.weights['test_one_argument']
+  grpo.rewards.weights.test_with_defaults = 1.0
+  config_lib.validate(grpo)
+
+
+@pytest.mark.parametrize('task,key,said', [
+    ({'instruction': 'Answer:'}, 'task.instruction', "has no effect on task 'arith'"),
+    ({'system_prompt': 'Be brief.'}, 'task.system_prompt', "has no effect on task 'arith'"),
+    ({'manual_dir': '/data'}, 'task.manual_dir', "has no effect on task 'arith'"),
+    ({'chat_template': True}, 'task.chat_template', "has no effect on task 'arith'"),
+    ({'name': 'gsm8k', 'manual_dir': '.', 'chat_template': False, 'system_prompt': 'Be brief.'},
+     'task.system_prompt', 'has no effect with task.chat_template=False (a plain-text prompt '
+     'has no system turn)'),
+])
+def test_a_prompt_option_the_task_would_ignore_is_refused(grpo, task, key, said):
+  """These were dropped without a word: arith renders raw problems, a plain-text prompt has
+  no system turn. task.chat_template=False and bad_records on arith are fine."""
+  with grpo.unlocked():
+    grpo.task.update(task)
+  error = _error(grpo)
+  assert error.key == key and said in str(error), error
+  with grpo.unlocked():
+    grpo.task = ml_collections.ConfigDict({**grpo_arith.get_config().task, 'bad_records': 'skip',
+                                           'chat_template': False})
+  config_lib.validate(grpo)
+
+
+def test_a_verifier_failing_on_some_samples_is_said_once_and_the_run_goes_on(tmp_path):
+  """Below rewards.max_invalid_frac the run trains on; the first failure of each verifier is
+  one message naming it, its first error and the count (it showed only in reward/errors/<name>,
+  nothing on the console); later failures are counted, not said again."""
+  reward_fixtures.EVERY_8TH_CALLS[0] = 0
+  config = tiny_config(**{'train.steps': 3})
+  config.rewards.weights = {'correct': 1.0, 'test_raises_every_8th': 0.0}
+  trainer.run(config, str(tmp_path))
+  rows = train_rows(str(tmp_path))
+  assert [rows[s]['reward/errors/test_raises_every_8th'] for s in (1, 2, 3)] == [2.0] * 3
+  said = [r['text'] for r in read_jsonl(os.path.join(tmp_path, 'metrics.jsonl'), kind='message')
+          if 'test_raises_every_8th' in r['text']]
+  assert len(said) == 1 and said[0].startswith(
+      "step 1: verifier 'test_raises_every_8th' left 2 of 16 samples unscored (2 raised or gave "
+      'no finite number, the first: RuntimeError: call 8 [sample 7, completion '), said
+  assert said[0].endswith(']); they are left out of the loss (reward/errors/test_raises_every_8th'
+                          ', reward/timeouts/test_raises_every_8th; said once per verifier)')
+
+
+def test_unscored_notes_name_the_timeout_key():
+  from rft_jax.rewards.result import RewardResult  # pylint: disable=g-import-not-at-top
+  from rft_jax import rollouts  # pylint: disable=g-import-not-at-top
+  n, reported = 8, {'seen'}
+  rewards = RewardResult(total=np.zeros(n, np.float32), per_verifier={},
+                         valid=np.zeros(n, bool), errors={'slow': 0, 'seen': 3},
+                         timeouts={'slow': 3, 'seen': 0})
+  assert rollouts.unscored_notes(rewards, n, 2.0, reported) == [
+      "verifier 'slow' left 3 of 8 samples unscored (3 ran past config.rewards.timeout_s=2.0 s); "
+      'they are left out of the loss (reward/errors/slow, reward/timeouts/slow; said once per '
+      'verifier)']
+  assert reported == {'seen', 'slow'} and rollouts.unscored_notes(rewards, n, 2.0, reported) == []
