@@ -350,7 +350,8 @@ def _reason(e: BaseException) -> str:
 
 
 def eval_batch(c: Components, config) -> dict:
-  """The fixed held-out prompts (first eval.num_prompts of the test split)."""
+  """The fixed held-out prompts (first eval.num_prompts of the test split), with the verifier
+  that scores them: eval.verifier, '' (default) the task's."""
   from rft_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   if config_rules.eval_size_error(config, len(c.test_source)):   # as --validate_only says
     raise SetupError(str(config_rules.eval_size_error(config, len(c.test_source))))
@@ -360,7 +361,7 @@ def eval_batch(c: Components, config) -> dict:
                                   num_prompts=config.eval.num_prompts)
   except ValueError as e:   # names the record and what is wrong with it
     raise SetupError(f'test split: {e}') from None
-  return {**batch, 'verifier': TASK_VERIFIERS[config.task.name]}
+  return {**batch, 'verifier': config.eval.get('verifier', '') or TASK_VERIFIERS[config.task.name]}
 
 
 def process_batch(config) -> tuple[str, int]:

@@ -107,6 +107,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _check_paths(config)
   _check_monitor_and_faults(config)
   _check_wandb(config)
+  _check_eval_verifier(config)
   if is_online_dpo(config):
     _check_verifier_names(config)
   elif not is_sft(config) and not is_dpo(config):
@@ -275,8 +276,20 @@ def _check_verifier_names(config: ml_collections.ConfigDict) -> None:
     _check_verifier_signature(name, VERIFIERS[name])
 
 
-def _check_verifier_signature(name: str, fn) -> None:
-  """ConfigError naming rewards.weights.<name> when `fn` cannot be called as fn(completion,
+def _check_eval_verifier(config: ml_collections.ConfigDict) -> None:
+  """eval.verifier, when set: held-out accuracy by a verifier of one's own (for answers only it
+  reads, which the task's own verifier would score 0), registered and of the right signature."""
+  from rft_jax.rewards.verifiers import VERIFIERS  # pylint: disable=g-import-not-at-top
+  name = config.eval.get('verifier', '')
+  if name:
+    if name not in VERIFIERS:
+      raise ConfigError('eval.verifier', 'unknown verifier' + did_you_mean(name, VERIFIERS)
+                        + '; known: ' + ', '.join(sorted(VERIFIERS)), name)
+    _check_verifier_signature(name, VERIFIERS[name], 'eval.verifier')
+
+
+def _check_verifier_signature(name: str, fn, key: str = '') -> None:
+  """ConfigError naming `key` (rewards.weights.<name>) when `fn` cannot be called as fn(completion,
   answer): found here in one line before anything is built, not as every sample's TypeError at
   the first step (a reward failure, after the model load and the base eval)."""
   try:
@@ -287,7 +300,7 @@ def _check_verifier_signature(name: str, fn) -> None:
     signature.bind('', '')
   except TypeError as e:
     where = f'{getattr(fn, "__module__", "?")}.{getattr(fn, "__qualname__", repr(fn))}'
-    raise ConfigError(f'rewards.weights.{name}',
+    raise ConfigError(key or f'rewards.weights.{name}',
                       f'verifier {where}{signature} cannot be called as fn(completion, answer) '
                       f'({e})') from None
 

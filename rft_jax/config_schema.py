@@ -76,7 +76,8 @@ SCHEMA: dict[str, Any] = {
     },
     'train': {'steps': int, 'eval_every': int, 'ckpt_every': int, 'keep_checkpoints': int,
               'min_good_checkpoints': int},
-    'eval': {'num_prompts': int, 'k': int, 'temperature': float},
+    'eval': {'num_prompts': int, 'k': int, 'temperature': float,
+             'verifier': str},   # optional: the 0/1 verifier of held-out accuracy
     'mesh': {'data': int, 'fsdp': int, 'tensor': int},
     'telemetry': {'console': bool, 'jsonl': bool, 'tensorboard': bool, 'plot': bool,
                   'wandb_project': str},
@@ -109,6 +110,7 @@ OPTIONAL_KEYS = frozenset({
     # the detector knobs but warmup (cusum_h, z_thresh, ...): MonitorConfig's defaults
     *(f'monitor.{name}' for name in monitor_knobs.OPTIONAL),
     'rewards.memory_mb',            # default 0 (no limit): see rft_jax/rewards/runner.py
+    'eval.verifier',                # default '': the task's (components.TASK_VERIFIERS)
     # algo options (GRPOConfig defaults: clip_eps_low/high = clip_eps, clip_c 0 = no dual-clip,
     # entropy_coef 0, kl_in_reward False, max_len 0 = rollout.max_new_tokens)
     'algo.clip_eps_low', 'algo.clip_eps_high', 'algo.clip_c', 'algo.entropy_coef',

@@ -1,7 +1,7 @@
 """A user's own rewards and prompts, at load and in training: a verifier of the wrong
-signature, a prompt option the task would ignore, a verifier failing on some samples (said
-once, the run goes on). The files of the GSM8K task (a user's own JSONL) are tested in
-tests/test_gsm8k_data.py."""
+signature, a prompt option the task would ignore, held-out accuracy by one's own verifier
+(eval.verifier), a verifier failing on some samples (said once, the run goes on). The files of
+the GSM8K task (a user's own JSONL) are tested in tests/test_gsm8k_data.py."""
 import os
 import sys
 
@@ -103,6 +103,28 @@ def test_a_prompt_option_the_task_would_ignore_is_refused(grpo, task, key, said)
     grpo.task = ml_collections.ConfigDict({**grpo_arith.get_config().task, 'bad_records': 'skip',
                                            'chat_template': False})
   config_lib.validate(grpo)
+
+
+def test_eval_verifier_scores_held_out_accuracy_by_a_verifier_of_ones_own(grpo, sft):
+  """eval.verifier (optional): held-out accuracy by the user's verifier, for answers the task's
+  own (arith 'correct', GSM8K's number match) would score 0; checked as rewards.weights are,
+  for SFT and DPO recipes too. Without it, the task's verifier, as before."""
+  import types  # pylint: disable=g-import-not-at-top
+  from rft_jax import components  # pylint: disable=g-import-not-at-top
+  from rft_jax.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  c = types.SimpleNamespace(test_source=[{'id': 0, 'prompt': '1+1=', 'answer': 'two'}],
+                            tokenizer=load_tokenizer())   # the arith SentencePiece
+  grpo.eval.num_prompts = 1
+  assert components.eval_batch(c, grpo)['verifier'] == 'correct'
+  for config in (grpo, sft):
+    with config.unlocked():
+      config.eval.verifier = 'formatt'
+    error = _error(config)
+    assert error.key == 'eval.verifier' and "unknown verifier (did you mean 'format'?)" in str(
+        error), error
+  grpo.eval.verifier = 'format'
+  config_lib.validate(grpo)
+  assert components.eval_batch(c, grpo)['verifier'] == 'format'
 
 
 def test_a_verifier_failing_on_some_samples_is_said_once_and_the_run_goes_on(tmp_path):
