@@ -158,3 +158,20 @@ def test_unscored_notes_name_the_timeout_key():
       'they are left out of the loss (reward/errors/slow, reward/timeouts/slow; said once per '
       'verifier)']
   assert reported == {'seen', 'slow'} and rollouts.unscored_notes(rewards, n, 2.0, reported) == []
+
+
+def test_the_readmes_own_data_recipe_trains_and_scores_with_its_verifier(tmp_path):
+  """experiments/own_data/recipe.py, the README's "Your own data and reward": its JSONL files
+  load, its verifier scores the rollouts and the held-out accuracy (eval.verifier)."""
+  from rft_jax import api  # pylint: disable=g-import-not-at-top
+  config = api.load_config(os.path.join(_TESTS_DIR, '..', 'experiments', 'own_data', 'recipe.py'),
+                           {'train.steps': 2, 'rewards.num_workers': 0,
+                            'task.data_dir': str(tmp_path / 'tfds'), 'telemetry.console': False,
+                            'telemetry.tensorboard': False, 'telemetry.plot': False})
+  assert config.eval.verifier == 'exact_answer'
+  trainer.run(config, str(tmp_path / 'run'))
+  rows = train_rows(str(tmp_path / 'run'))
+  assert sorted(rows) == [1, 2] and 'reward/exact_answer/mean' in rows[1]
+  assert all(r['reward/invalid_frac'] == 0.0 for r in rows.values())
+  evals = read_jsonl(str(tmp_path / 'run' / 'metrics.jsonl'), kind='eval')
+  assert [e['step'] for e in evals][-1] == 2 and 0 < evals[0]['eval/base_greedy_acc'] < 1
