@@ -64,13 +64,18 @@ def delay(r: dict) -> int | None:
 
 
 def onset_error(r: dict) -> int | None:
+  """The first detection's estimated onset minus the true one; None when not detected, or
+  when its incident has no onset estimate (records written before onsets were logged)."""
   after = _after_onset(r)
-  return after[0]['onset_step'] - r['onset'] if after else None
+  estimate = after[0].get('onset_step') if after else None
+  return None if estimate is None else estimate - r['onset']
 
 
 def onset_errors(records: list[dict]) -> dict[str, Any]:
-  """Onset error of the first detection over the flagged faulted runs (see the module doc)."""
-  errs = [onset_error(r) for r in records if _is_faulted(r) and flagged(r)]
+  """Onset error of the first detection over the flagged faulted runs (see the module doc)
+  whose incidents carry an onset estimate."""
+  errs = [e for r in records if _is_faulted(r) and flagged(r)
+          for e in [onset_error(r)] if e is not None]
   return {'runs': len(errs),
           'mean_abs': float(np.mean(np.abs(errs))) if errs else None,
           'off_by_more_than_2': sum(abs(e) > 2 for e in errs)}
