@@ -269,29 +269,26 @@ def _check_verifier_names(config: ml_collections.ConfigDict) -> None:
   if not weights.keys():
     raise ConfigError('rewards.weights', 'needs at least one verifier name -> weight')
   for name in weights.keys():
-    if name not in VERIFIERS:
-      raise ConfigError(f'rewards.weights.{name}',
-                        'unknown verifier' + did_you_mean(name, VERIFIERS) + '; known: '
-                        + ', '.join(sorted(VERIFIERS)))
-    _check_verifier_signature(name, VERIFIERS[name])
+    _check_verifier(f'rewards.weights.{name}', name, VERIFIERS)
 
 
 def _check_eval_verifier(config: ml_collections.ConfigDict) -> None:
   """eval.verifier, when set: held-out accuracy by a verifier of one's own (for answers only it
   reads, which the task's own verifier would score 0), registered and of the right signature."""
   from rft_jax.rewards.verifiers import VERIFIERS  # pylint: disable=g-import-not-at-top
-  name = config.eval.get('verifier', '')
-  if name:
-    if name not in VERIFIERS:
-      raise ConfigError('eval.verifier', 'unknown verifier' + did_you_mean(name, VERIFIERS)
-                        + '; known: ' + ', '.join(sorted(VERIFIERS)), name)
-    _check_verifier_signature(name, VERIFIERS[name], 'eval.verifier')
+  if config.eval.get('verifier', ''):
+    _check_verifier('eval.verifier', config.eval.verifier, VERIFIERS, config.eval.verifier)
 
 
-def _check_verifier_signature(name: str, fn, key: str = '') -> None:
-  """ConfigError naming `key` (rewards.weights.<name>) when `fn` cannot be called as fn(completion,
-  answer): found here in one line before anything is built, not as every sample's TypeError at
-  the first step (a reward failure, after the model load and the base eval)."""
+def _check_verifier(key: str, name: str, verifiers, *shown) -> None:
+  """ConfigError naming `key` (and the value `shown`, if given) unless `name` is registered in
+  `verifiers` and its function can be called as fn(completion, answer): found here in one line
+  before anything is built, not as every sample's TypeError at the first step (a reward
+  failure, after the model load and the base eval)."""
+  if name not in verifiers:
+    raise ConfigError(key, 'unknown verifier' + did_you_mean(name, verifiers) + '; known: '
+                      + ', '.join(sorted(verifiers)), *shown)
+  fn = verifiers[name]
   try:
     signature = inspect.signature(fn)
   except (TypeError, ValueError):   # a builtin or C callable without one: nothing to check
@@ -300,9 +297,8 @@ def _check_verifier_signature(name: str, fn, key: str = '') -> None:
     signature.bind('', '')
   except TypeError as e:
     where = f'{getattr(fn, "__module__", "?")}.{getattr(fn, "__qualname__", repr(fn))}'
-    raise ConfigError(key or f'rewards.weights.{name}',
-                      f'verifier {where}{signature} cannot be called as fn(completion, answer) '
-                      f'({e})') from None
+    raise ConfigError(key, f'verifier {where}{signature} cannot be called as '
+                      f'fn(completion, answer) ({e})') from None
 
 
 _ALGO_KINDS = (('advantage', 'advantage estimator'), ('loss', 'policy loss'),
