@@ -18,8 +18,8 @@ _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if _TESTS_DIR not in sys.path:   # reward_fixtures registers test-only verifiers
   sys.path.insert(0, _TESTS_DIR)
 import reward_fixtures  # noqa: E402  pylint: disable=g-import-not-at-top
+from test_config import _error  # noqa: E402  (validate's one-line ConfigError)
 
-ConfigError = config_lib.ConfigError
 
 
 @pytest.fixture
@@ -34,14 +34,6 @@ def sft(assets):
   config = sft_arith.get_config()
   config.tokenizer.path, config.init_from = assets
   return config
-
-
-def _error(config) -> ConfigError:
-  with pytest.raises(ConfigError) as info:
-    config_lib.validate(config)
-  message = str(info.value)
-  assert '\n' not in message and message.startswith('config.')
-  return info.value
 
 
 def tiny_config(**overrides):
