@@ -21,7 +21,6 @@ import reward_fixtures  # noqa: E402  pylint: disable=g-import-not-at-top
 from test_config import _error  # noqa: E402  (validate's one-line ConfigError)
 
 
-
 @pytest.fixture
 def grpo(assets):
   config = grpo_arith.get_config()
