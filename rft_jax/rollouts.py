@@ -104,7 +104,8 @@ class RolloutStage:
   """Callable (params, step, temperature) -> StepRollout; see the module docstring.
 
   sampler(temperature) returns the jitted group sampler; check(rewards, step, texts) raises
-  when a batch is too badly scored (trainer.check_rewards); on_message reports to the sinks.
+  when a batch is too badly scored (trainer.check_rewards); on_message(step, text) reports a
+  note about `step` to the sinks (hooks.on_step_message: recorded at that step).
   place_prompts(host array) -> device array: where the prompt batch goes (the trainer shards
   it over data x fsdp so that sampling is split like the train step's batch). data_it yields
   the global prompt batch, the same on every process, each process having read only its share
@@ -132,7 +133,7 @@ class RolloutStage:
     use_hard = faulty and self.hard_it is not None and self.injector.hard_prompts(step)
     prompts = runs.next_batch(self.hard_it if use_hard else self.data_it, step)
     for reason in self.skipped.drain() if self.skipped is not None else ():
-      self.on_message(f'skipped a bad record: {reason}')
+      self.on_message(step, f'skipped a bad record: {reason}')
     max_new, ignore_eos = self.config.rollout.max_new_tokens, False
     if faulty:
       temperature, max_new, ignore_eos = self.injector.sampling(step, temperature, max_new)
@@ -152,7 +153,7 @@ class RolloutStage:
     self.check(rewards, step, texts)
     for note in unscored_notes(rewards, len(texts), self.config.rewards.timeout_s,
                                self.unscored_reported):
-      self.on_message(f'step {step}: {note}')
+      self.on_message(step, f'step {step}: {note}')
     reward_s = time.time() - t
     total = rewards.total
     if self.algo.overlong == 'soft':
@@ -206,7 +207,7 @@ class RolloutStage:
         stuck_chunks=sum(p['rewards'].stuck_chunks for p in got.payloads))
     if got.padded and not self.limit_reported:
       self.limit_reported = True
-      self.on_message(f'dynamic sampling: step {step} hit algo.max_sampling_rounds='
+      self.on_message(step, f'dynamic sampling: step {step} hit algo.max_sampling_rounds='
                       f'{self.algo.max_sampling_rounds} with {got.padded} uninformative '
                       'group(s) padding the batch (counted in sampling/padded_groups from now on)')
     gen_tokens = float(sum(p['host'].mask_bt.sum() for p in got.payloads))

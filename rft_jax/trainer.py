@@ -212,7 +212,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
       check=lambda r, s, t: check_rewards(r, config.rewards.get('max_invalid_frac', 1.0), s, t,
                                           lambda: runs.kept_note(ckpt, workdir),
                                           config.rewards.timeout_s),
-      on_message=hooks.on_message, skipped=skipped, injector=injector, hard_it=hard_it,
+      on_message=hooks.on_step_message, skipped=skipped, injector=injector, hard_it=hard_it,
       place_prompts=lambda x: hostdata.place(x, prompt_sh),
       sample_shardings=meshlib.sampling_shardings(   # None: sample in the training layout
           shardings.params, config.rollout.get('weights_layout', 'train')))
@@ -323,7 +323,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
       # is an incident (skipped_streak) that 'auto' repairs as nonfinite_params, else it stops.
       bad = runs.check_finite(metrics, step, ckpt, workdir, stop_on_loss=mcfg is None)
       if bad and mode in ('off', 'warn'):
-        hooks.on_message(f'step {step}: non-finite {bad}; the update was skipped')
+        hooks.on_step_message(step, f'step {step}: non-finite {bad}; the update was skipped')
       if streak.observe(bad, metrics.get('update_skipped', 1.0)) >= max_skipped:
         if mcfg is not None and execute(incidents.handle_streak(
             streak.steps, max_skipped, step, remediator, hooks, incident_log)):

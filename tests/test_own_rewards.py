@@ -128,8 +128,10 @@ def test_a_verifier_failing_on_some_samples_is_said_once_and_the_run_goes_on(tmp
   trainer.run(config, str(tmp_path))
   rows = train_rows(str(tmp_path))
   assert [rows[s]['reward/errors/test_raises_every_8th'] for s in (1, 2, 3)] == [2.0] * 3
-  said = [r['text'] for r in read_jsonl(os.path.join(tmp_path, 'metrics.jsonl'), kind='message')
-          if 'test_raises_every_8th' in r['text']]
+  records = [r for r in read_jsonl(os.path.join(tmp_path, 'metrics.jsonl'), kind='message')
+             if 'test_raises_every_8th' in r['text']]
+  assert [r['step'] for r in records] == [1]   # the step it names, not the last completed (0)
+  said = [r['text'] for r in records]
   assert len(said) == 1 and said[0].startswith(
       "step 1: verifier 'test_raises_every_8th' left 2 of 16 samples unscored (2 raised or gave "
       'no finite number, the first: RuntimeError: call 8 [sample 7, completion '), said

@@ -333,3 +333,29 @@ open({str(done)!r}, 'w').write('the run went on')
   proc.stdout.close()   # the one reader of both goes away
   assert proc.wait(timeout=120) == 0
   assert done.read_text() == 'the run went on'
+
+
+def test_a_note_about_a_step_is_recorded_at_that_step(tmp_path):
+  """on_step_message(step, text), said while step 3 runs (after on_step(2)), is recorded at
+  step 3 in metrics.jsonl and the Recorder (it was recorded at the last completed step); a hook
+  overriding only on_message still gets the text."""
+  class OnlyMessages(hooks_lib.Hook):
+    def __init__(self):
+      self.texts = []
+
+    def on_message(self, text):
+      self.texts.append(text)
+
+  path = tmp_path / 'metrics.jsonl'
+  recorder, plain = hooks_lib.Recorder(), OnlyMessages()
+  hooks = hooks_lib.HookList([sinks.JsonlSink(path), recorder, plain])
+  hooks.on_start(0, 5, {})
+  hooks.on_step(2, {'kl': 0.1})
+  hooks.on_step_message(3, "step 3: verifier 'v' left 2 of 16 samples unscored")
+  hooks.on_message('a note about no step')
+  hooks.close()
+  for records in (sinks.read_jsonl(path, kind='message'),
+                  [r for r in recorder.records if r['kind'] == 'message']):
+    assert [(r['step'], r['text'][:6]) for r in records] == [(3, 'step 3'), (2, 'a note')]
+  assert plain.texts == ["step 3: verifier 'v' left 2 of 16 samples unscored",
+                         'a note about no step']

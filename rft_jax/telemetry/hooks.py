@@ -10,6 +10,7 @@ Call order for one run::
   on_step(step, metrics)                         # after every optimiser step
   on_eval(step, results)                         # whenever evaluation runs
   on_message(text)                               # any time: notices, warnings
+  on_step_message(step, text)                    # a notice about `step` (the step it names)
   on_rewind(step)                                # a remediation restored step's checkpoint
   on_end(summary)                                # once, if the run finishes
   close()                                        # always (also after a crash)
@@ -47,6 +48,12 @@ class Hook:
 
   def on_message(self, text: str) -> None:
     """Called with a free-form notice ('resumed from step 50', a warning)."""
+
+  def on_step_message(self, step: int, text: str) -> None:
+    """A notice about step `step` ('step 7: verifier ... left 2 of 16 samples unscored'), said
+    while that step runs (before its on_step): the logs record it at `step`, not at the last
+    completed step. Default: on_message(text), so a hook overriding only that still gets it."""
+    self.on_message(text)
 
   def on_stop(self, text: str) -> None:
     """Called when a stop request (SIGTERM, Ctrl-C) ends the run after its checkpoint, with the
@@ -106,6 +113,10 @@ class HookList(Hook):
     for hook in self.hooks:
       hook.on_message(text)
 
+  def on_step_message(self, step, text):
+    for hook in self.hooks:
+      hook.on_step_message(step, text)
+
   def on_stop(self, text):
     for hook in self.hooks:
       hook.on_stop(text)
@@ -157,6 +168,9 @@ class Recorder(Hook):
 
   def on_message(self, text):
     self.records.append({'step': self._step, 'kind': 'message', 'text': str(text)})
+
+  def on_step_message(self, step, text):
+    self.records.append({'step': int(step), 'kind': 'message', 'text': str(text)})
 
   def on_incident(self, step, incident):
     self.records.append({**incident, 'step': step, 'kind': incident.get('kind', 'incident')})

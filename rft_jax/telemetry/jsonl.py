@@ -265,6 +265,9 @@ class JsonlSink(Hook):
   def on_message(self, text):
     self.write(self._step, 'message', {'text': str(text)})
 
+  def on_step_message(self, step, text):
+    self.write(step, 'message', {'text': str(text)})
+
   def on_incident(self, step, incident):
     self.write(step, str(incident.get('kind', 'incident')),
                {k: v for k, v in incident.items() if k not in ('kind', 'step')})

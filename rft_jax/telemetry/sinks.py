@@ -202,6 +202,10 @@ class TensorBoardSink(Hook):
     if self._writable(self._step):
       self._writer.add_text('messages', str(text), self._step)
 
+  def on_step_message(self, step, text):
+    if self._writable(step):
+      self._writer.add_text('messages', str(text), step)
+
   def on_incident(self, step, incident):
     if self._writable(step):
       self._writer.add_text('incidents', describe_incident(step, incident), step)
