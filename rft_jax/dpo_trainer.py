@@ -106,9 +106,11 @@ class OnlinePairs:
   """Step batches sampled from the current policy: sample -> verify -> pair -> reference."""
 
   def __init__(self, config, c: components.Components, data_it, ref_params, batch_sh, rep,
-               kept):
+               kept, on_message):
     self.config, self.c, self.data_it, self.ref_params = config, c, data_it, ref_params
     self.kept = kept   # () -> runs.kept_note: the checkpoint a reward failure keeps
+    self.on_message = on_message   # (step, text): hooks.on_step_message
+    self.unscored_reported = set()   # verifiers whose failures were said (rollouts.say_unscored)
     self.batch_sh = batch_sh
     r = config.rollout
     self.sampler = make_sampler(c.graphdef, c.model_cfg, SamplingConfig(
@@ -136,6 +138,8 @@ class OnlinePairs:
     rewards = rollouts.score_rows(self.runner, texts, list(answers))   # each process its rows
     trainer.check_rewards(rewards, self.config.rewards.max_invalid_frac, step, texts,
                           self.kept, self.config.rewards.timeout_s)
+    rollouts.say_unscored(self.on_message, step, rewards, len(texts),
+                          self.config.rewards.timeout_s, self.unscored_reported)
     batch, metrics = self.prepare(self.ref_params, rollout,
                                   hostdata.place(rewards.total, self.batch_sh),
                                   hostdata.place(rewards.valid, self.batch_sh))
@@ -191,7 +195,8 @@ def _run(config, workdir: str, hooks_extra, scope: runs.RunScope) -> dict:
   batch_sh, rep = meshlib.batch_sharding(c.mesh), meshlib.replicated(c.mesh)
   if online:
     make_batch = OnlinePairs(config, c, data_it, ref_params, batch_sh, rep,
-                             kept=lambda: runs.kept_note(ckpt, workdir))
+                             kept=lambda: runs.kept_note(ckpt, workdir),
+                             on_message=hooks.on_step_message)
     scope.callback(make_batch.close)   # its reward workers
   else:
     t0 = time.time()

@@ -94,6 +94,14 @@ def unscored_notes(rewards: RewardResult, n: int, timeout_s: float,
   return notes
 
 
+def say_unscored(on_message: Callable, step: int, rewards: RewardResult, n: int,
+                 timeout_s: float, reported: set) -> None:
+  """Says step `step`'s unscored_notes through on_message(step, text), one 'step N: ...' line
+  each: the one call RolloutStage and online DPO (dpo_trainer.OnlinePairs) make after scoring."""
+  for note in unscored_notes(rewards, n, timeout_s, reported):
+    on_message(step, f'step {step}: {note}')
+
+
 def _any_process(short: bool) -> bool:
   if jax.process_count() == 1:
     return short
@@ -151,9 +159,8 @@ class RolloutStage:
     if faulty:
       rewards = self.injector.rewards(step, rewards, texts, self.config.rewards.weights, max_new)
     self.check(rewards, step, texts)
-    for note in unscored_notes(rewards, len(texts), self.config.rewards.timeout_s,
-                               self.unscored_reported):
-      self.on_message(step, f'step {step}: {note}')
+    say_unscored(self.on_message, step, rewards, len(texts), self.config.rewards.timeout_s,
+                 self.unscored_reported)
     reward_s = time.time() - t
     total = rewards.total
     if self.algo.overlong == 'soft':

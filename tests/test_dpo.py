@@ -18,6 +18,8 @@ from rft_jax.data import arith, arith_pairs
 from rft_jax.sampling.sampler import Rollout
 from rft_jax.telemetry.sinks import read_jsonl
 
+import reward_fixtures  # noqa: E402  (tests/ on sys.path) registers test-only verifiers
+
 ConfigError = config_lib.ConfigError
 
 
@@ -178,6 +180,25 @@ def test_online_dpo_runs_and_counts_pairs(tmp_path):
     assert row['pairs/step'] + row['pairs/skipped_prompts'] == 8   # prompts_per_step
     assert row['pairs'] == row['pairs/step'] and 'rewards/accuracies' in row
   assert summary['dpo_mode'] == 'online' and summary['pairs_per_step'] > 0
+
+
+def test_online_dpo_says_a_verifier_failing_on_some_samples_once(tmp_path):
+  """As in GRPO (rollouts.RolloutStage): the first failure of each verifier below
+  rewards.max_invalid_frac is one message at its step; it showed only in reward/errors/<name>."""
+  reward_fixtures.EVERY_8TH_CALLS[0] = 0
+  config = tiny(online_dpo_arith, **{'train.steps': 2})
+  config.rewards.weights = {'correct': 1.0, 'test_raises_every_8th': 0.0}
+  dpo_trainer.run(config, str(tmp_path))
+  rows = train_rows(str(tmp_path))
+  n = config.rollout.prompts_per_step * config.rollout.group_size
+  assert [rows[s]['reward/errors/test_raises_every_8th'] for s in (1, 2)] == [n // 8] * 2
+  said = [(r['step'], r['text']) for r in read_jsonl(os.path.join(tmp_path, 'metrics.jsonl'),
+                                                     kind='message')
+          if 'test_raises_every_8th' in r['text']]
+  assert len(said) == 1 and said[0][0] == 1, said
+  assert said[0][1].startswith(
+      f"step 1: verifier 'test_raises_every_8th' left {n // 8} of {n} samples unscored "
+      f'({n // 8} raised or gave no finite number, the first: RuntimeError: call 8'), said
 
 
 def test_offline_dpo_stops_on_non_finite_parameters_and_logs_that_step(tmp_path):
