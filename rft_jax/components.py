@@ -319,7 +319,7 @@ def load_task(config, tokenizer, skipped: list[str] | None = None):
     raise SetupError(f'config.task.manual_dir: {e}') from None
   if skipped is not None:
     skipped.extend(left_out)
-  splits = _readable([builder.as_data_source(split=s) for s in ('train', 'test')], task)
+  splits = _readable([gsm8k.data_source(builder, s) for s in ('train', 'test')], task)
   chat = _check_chat_template(config, tokenizer)
   fmt = pipeline.PromptFormat(chat=chat, system_prompt=task.get('system_prompt', ''),
                               instruction=task.get('instruction', ''))

@@ -1,6 +1,7 @@
 """GSM8K TFDS builder from local JSONL files, and its prompts through chat templates."""
 import json
 import os
+import re
 
 import ml_collections
 import numpy as np
@@ -255,3 +256,26 @@ def test_no_custom_configuration_warning_on_each_load(manual_dir, tmp_path, capl
     gsm8k.load_split('train', manual_dir, str(tmp_path / 'tfds'))
     gsm8k.load_split('test', manual_dir, str(tmp_path / 'tfds'))
   assert not [r for r in caplog.records if 'custom data configuration' in r.getMessage()]
+
+
+def test_a_bad_record_in_the_training_stream_names_its_file_and_line(manual_dir, tmp_path):
+  """A prompt too long for max_prompt_len, read by the training stream (error or skip mode),
+  or an answer too long for SFT: the message names train.jsonl and the 1-based line, as the
+  load-time errors do (it said only 'record id=0', the 0-based line, and no file)."""
+  tok = load_tokenizer(fx.write_qwen2_tokenizer(str(tmp_path / 'qwen')))
+  train, _ = components.load_task(task_config(manual_dir, str(tmp_path / 'tfds')), tok)
+  where = os.path.join(manual_dir, 'train.jsonl') + ' line 1 (record 0): '
+  with pytest.raises(ValueError) as e:
+    next(pipeline.prompt_batches(train, tok, max_prompt_len=8, batch_size=1, seed=0,
+                                 shuffle=False))
+  assert str(e.value).startswith(where + 'prompt ') and 'max_prompt_len=8' in str(e.value)
+  bad = pipeline.BadRecords('gsm8k train split')
+  next(pipeline.prompt_batches(train, tok, max_prompt_len=90, batch_size=1, seed=0,   # 95 88 88
+                               shuffle=False, bad_records=bad))
+  assert [r.startswith('gsm8k train split: ' + where + 'prompt ') for r in bad.drain()] == [True]
+  raw = gsm8k.load_split('train', manual_dir, str(tmp_path / 'tfds'))
+  with pytest.raises(ValueError) as e:
+    next(pipeline.sft_batches(raw, tok, max_prompt_len=256, answer_len=1, batch_size=3, seed=0))
+  got = re.match(re.escape(os.path.join(manual_dir, 'train.jsonl')) +
+                 r" line (\d) \(record (\d)\): answer '", str(e.value))
+  assert got and int(got[1]) == int(got[2]) + 1, str(e.value)

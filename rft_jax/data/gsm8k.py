@@ -87,10 +87,38 @@ def split_path(manual_dir: str, split: str) -> str:
   return os.path.join(manual_dir, SPLIT_FILES[split])
 
 
+def record_where(path: str, index: int) -> str:
+  """How errors name record ``index`` of ``path``: 'PATH line N (record N-1)'."""
+  return f'{path} line {index + 1} (record {index})'
+
+
+class FileSource:
+  """A prepared split (random access, as ``builder.as_data_source``) whose records are named by
+  ``path`` and line in the training stream's errors (pipeline.RecordError), as at load."""
+
+  def __init__(self, source, path: str):
+    self._source, self.path = source, path
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def __getitem__(self, index):
+    return self._source[index]
+
+  def record_where(self, rid: int) -> str:
+    return record_where(self.path, rid)
+
+
+def data_source(builder, split: str) -> FileSource:
+  """``split`` of a prepared builder (load_builder) as a FileSource naming its file."""
+  return FileSource(builder.as_data_source(split=split),
+                    split_path(builder.builder_config.manual_dir, split))
+
+
 def parse_record(line: str | bytes, index: int, path: str) -> dict[str, Any]:
   """One JSONL line (text, or its bytes as read from the file) -> a record; ValueError naming
   ``path`` and line ``index`` if malformed, also when the bytes are not UTF-8."""
-  where = f'{path} line {index + 1} (record {index})'
+  where = record_where(path, index)
   if isinstance(line, bytes):
     try:
       line = line.decode('utf-8')
@@ -230,4 +258,4 @@ def load_split(split: str, manual_dir: str, data_dir: str = ''):
   module docstring (text as ``bytes`` or ``str``). A malformed line of either file raises."""
   if split not in SPLIT_FILES:
     raise ValueError(f"unknown split {split!r}; expected 'train' or 'test'")
-  return load_builder(manual_dir, data_dir)[0].as_data_source(split=split)
+  return data_source(load_builder(manual_dir, data_dir)[0], split)

@@ -47,6 +47,33 @@ def _to_str(value: Any) -> str:
   return str(value)
 
 
+class RecordError(ValueError):
+  """A bad record: `detail` about the record of id `rid`, said as 'record id=N: detail', or as
+  `where` names it (a source's record_where, e.g. GSM8K's 'FILE line N+1 (record N)')."""
+
+  def __init__(self, rid, detail: str, where: str | None = None):
+    self.rid, self.detail = rid, detail
+    super().__init__(f'{where or f"record id={rid}"}: {detail}')
+
+
+def _naming(source, fn):
+  """fn, its RecordError said naming the record as ``source.record_where(id)`` does (a source
+  that knows its file: the training stream's errors then name file and line); fn itself for a
+  source without record_where."""
+  where = getattr(source, 'record_where', None)
+  if where is None:
+    return fn
+
+  def named(*args, **kwargs):
+    try:
+      return fn(*args, **kwargs)
+    except RecordError as e:
+      if not isinstance(e.rid, (int, np.integer)):   # no id to name it by ('?')
+        raise
+      raise RecordError(e.rid, e.detail, where(int(e.rid))) from None
+  return named
+
+
 def normalize_record(record: Mapping[str, Any]) -> dict[str, Any]:
   """``{'id': int, 'prompt': str, 'answer': str}`` from a raw source record.
 
@@ -58,11 +85,11 @@ def normalize_record(record: Mapping[str, Any]) -> dict[str, Any]:
     out = {'id': int(record['id']), 'prompt': _to_str(record['prompt']),
            'answer': _to_str(record['answer'])}
   except KeyError as e:
-    raise ValueError(f'record id={rid}: missing field {e}') from None
+    raise RecordError(rid, f'missing field {e}') from None
   except (TypeError, ValueError) as e:
-    raise ValueError(f'record id={rid}: bad field value ({e})') from None
+    raise RecordError(rid, f'bad field value ({e})') from None
   if not out['prompt'].strip():
-    raise ValueError(f"record id={out['id']}: empty prompt")
+    raise RecordError(out['id'], 'empty prompt')
   return out
 
 
@@ -88,9 +115,9 @@ class BadRecords:
 
 
 def _encode_or_skip(record, *, bad: BadRecords, encode):
-  """encode(normalize_record(record)), or None (recorded in `bad`) for a bad record."""
+  """encode(record), or None (recorded in `bad`) for a bad record."""
   try:
-    return encode(normalize_record(record))
+    return encode(record)
   except ValueError as e:
     bad.add(str(e))
     return None
@@ -127,6 +154,8 @@ class FormattedSource:
 
   def __init__(self, source: Sequence[Any], tokenizer: Tokenizer, fmt: PromptFormat):
     self._source, self._tokenizer, self.format = source, tokenizer, fmt
+    if hasattr(source, 'record_where'):   # the source's names for its records (_naming)
+      self.record_where = source.record_where
 
   def __len__(self) -> int:
     return len(self._source)
@@ -164,8 +193,8 @@ def encode_prompt(record: Mapping[str, Any], tokenizer: Tokenizer,
   if tokenizer.bos_id is not None and ids[:1] != [tokenizer.bos_id]:
     ids = [tokenizer.bos_id] + ids
   if len(ids) > max_prompt_len:
-    raise ValueError(
-        f"record id={record['id']}: prompt {_short(record['prompt'])} is "
+    raise RecordError(
+        int(record['id']), f"prompt {_short(record['prompt'])} is "
         f'{len(ids)} tokens{" (with BOS)" if tokenizer.bos_id is not None else ""} > '
         f'max_prompt_len={max_prompt_len}')
   pad = max_prompt_len - len(ids)
@@ -193,8 +222,8 @@ def encode_sft(record: Mapping[str, Any], tokenizer: Tokenizer,
   prompt = encode_prompt(record, tokenizer, max_prompt_len)
   answer_ids = tokenizer.encode(record['answer'], add_eos=True)
   if len(answer_ids) > answer_len:
-    raise ValueError(
-        f"record id={record['id']}: answer {record['answer']!r} is "
+    raise RecordError(
+        int(record['id']), f"answer {record['answer']!r} is "
         f'{len(answer_ids)} tokens (with EOS) > answer_len={answer_len}')
   completion = np.full((answer_len,), tokenizer.pad_id, np.int32)
   completion[:len(answer_ids)] = answer_ids
@@ -250,7 +279,7 @@ def _records(source: Sequence[Any], *, seed: int, shuffle: bool,
     ds = ds.shuffle(seed=seed)
   ds = share_of_batches(ds.repeat(num_epochs), rows=rows, shard_index=shard_index,
                         shard_count=shard_count)
-  return ds.map(normalize_record) if normalize else ds
+  return ds.map(_naming(source, normalize_record)) if normalize else ds
 
 
 def prompt_batches(source: Sequence[Any], tokenizer: Tokenizer, *,
@@ -273,13 +302,15 @@ def prompt_batches(source: Sequence[Any], tokenizer: Tokenizer, *,
   encode = functools.partial(encode_prompt, tokenizer=tokenizer, max_prompt_len=max_prompt_len)
   if bad_records is None:
     ds = _records(source, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
-                  rows=batch_size, shard_index=shard_index, shard_count=shard_count).map(encode)
+                  rows=batch_size, shard_index=shard_index, shard_count=shard_count
+                  ).map(_naming(source, encode))
     ds = ds.to_iter_dataset(_READ_OPTIONS)
   else:
     ds = _records(source, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
                   rows=batch_size, shard_index=shard_index, shard_count=shard_count,
                   normalize=False)
-    ds = ds.map(functools.partial(_encode_or_skip, bad=bad_records, encode=encode))
+    checked = _naming(source, lambda record: encode(normalize_record(record)))
+    ds = ds.map(functools.partial(_encode_or_skip, bad=bad_records, encode=checked))
     ds = ds.to_iter_dataset(_READ_OPTIONS).filter(lambda x: x is not None)
   return iter(ds.batch(batch_size, drop_remainder=True))
 
@@ -303,9 +334,9 @@ def sft_batches(source: Sequence[Any], tokenizer: Tokenizer, *,
   if teacher_error_rate > 0:
     from rft_jax.data import arith  # pylint: disable=g-import-not-at-top  (tfds: SFT only)
     ds = ds.map(functools.partial(arith.flawed_teacher, rate=teacher_error_rate))
-  ds = ds.map(functools.partial(encode_sft, tokenizer=tokenizer,
-                                  max_prompt_len=max_prompt_len,
-                                  answer_len=answer_len))
+  ds = ds.map(_naming(source, functools.partial(encode_sft, tokenizer=tokenizer,
+                                                max_prompt_len=max_prompt_len,
+                                                answer_len=answer_len)))
   ds = ds.batch(batch_size, drop_remainder=True)
   return iter(ds.to_iter_dataset(_READ_OPTIONS))
 
