@@ -375,7 +375,7 @@ def step_compute(config, model_cfg, metrics: dict, meta: dict) -> dict:
 
 
 def check_rewards(rewards, max_invalid_frac: float, step: int, texts, kept,
-                  timeout_s: float | None = None) -> None:
+                  timeout_s: float) -> None:
   """Stops the run (before any update from this batch) when too many samples went unscored;
   kept() -> runs.kept_note, the checkpoint the run keeps (asked only then: it lists the disk);
   timeout_s: config.rewards.timeout_s, named when a timeout is the cause."""
@@ -386,8 +386,7 @@ def check_rewards(rewards, max_invalid_frac: float, step: int, texts, kept,
              **{k: v for k, v in rewards.timeouts.items() if v}}
   name = max(failing, key=failing.get) if failing else '?'
   detail = rewards.error_messages.get(
-      name, 'timed out' if timeout_s is None else f'timed out (> config.rewards.timeout_s='
-      f'{timeout_s} s)')
+      name, f'timed out (> config.rewards.timeout_s={timeout_s} s)')
   raise TrainingError(
       f'reward failure at step {step}: {invalid:.0%} of samples unscored '
       f'(> config.rewards.max_invalid_frac={max_invalid_frac}); verifier {name!r}: {detail}; '

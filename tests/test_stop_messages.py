@@ -37,7 +37,7 @@ def test_a_reward_failure_before_any_checkpoint_does_not_claim_one_is_kept():
                          error_messages={'boom': 'RuntimeError: exploded'})
   with pytest.raises(runs.TrainingError) as stopped:
     trainer.check_rewards(rewards, 0.5, 1, ['1'] * n,
-                          lambda: runs.kept_note(_Checkpoints([]), '/w'))
+                          lambda: runs.kept_note(_Checkpoints([]), '/w'), 2.0)
   message = str(stopped.value)
   assert "verifier 'boom': RuntimeError: exploded" in message
   assert message.endswith('stopped before its first checkpoint, so none is kept in /w; the '
