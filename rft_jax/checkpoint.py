@@ -32,7 +32,8 @@ orbax's tracebacks muted (rft_jax/checkpoint_errors.py).
 Multi-host: every process verifies; process 0 writes manifests and deletes (the directory is
 shared storage, as orbax requires).
 
-Standalone parameter directories (the shipped base policy, `init_from`) hold just the params.
+Standalone parameter directories (the shipped base policy, `init_from`) hold just the params:
+rft_jax/param_dirs.py.
 """
 import dataclasses
 import json
@@ -47,13 +48,9 @@ from etils import epath
 from rft_jax import checkpoint_errors
 from rft_jax.checkpoint_errors import CheckpointReadError  # noqa: F401  (checkpoint.X for callers)
 from rft_jax.checkpoint_manifest import MANIFEST, file_digests, verify
-
-
-def _ocp():
-  """orbax.checkpoint, imported at first use (~0.16 s of imports): a process that never saves
-  or restores (tools.bench's workload) does not pay for it."""
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  return ocp
+from rft_jax.param_dirs import abstract, orbax_module
+from rft_jax.param_dirs import (  # noqa: F401  (checkpoint.X for callers)
+    check_params, check_params_out, load_params, save_params)
 
 
 BEFORE_RESET = 'reference_before_reset'   # the item an undo of a reference reset puts back
@@ -65,12 +62,6 @@ _DISK_MARGIN = 1.2          # free space needed = margin * _needed_bytes
 
 class CheckpointSaveError(OSError):
   """A checkpoint could not be written (full disk, I/O error); earlier ones are intact."""
-
-
-def _abstract(tree, shardings=None):
-  """ShapeDtypeStructs (carrying the target shardings, when given) to restore into."""
-  sds = lambda x, s=None: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
-  return jax.tree.map(sds, tree) if shardings is None else jax.tree.map(sds, tree, shardings)
 
 
 def tree_nbytes(tree) -> int:
@@ -89,7 +80,7 @@ class Checkpointer:
   """Verified checkpoints over ocp.CheckpointManager (items above); see the module doc."""
 
   def __init__(self, directory: str, keep: int = 2):
-    ocp = _ocp()
+    ocp = orbax_module()
     self.directory = os.path.abspath(directory)
     self.keep = keep
     self.problems: list[str] = []   # checkpoints found broken at open (for the run's log)
@@ -197,7 +188,7 @@ class Checkpointer:
     Raises CheckpointSaveError (earlier checkpoints untouched) when the disk is too full or the
     write fails.
     """
-    ocp = _ocp()
+    ocp = orbax_module()
     items = {'state': state, 'reference': reference, BEFORE_RESET: reference_before_reset}
     need = int(_DISK_MARGIN * self._needed_bytes(items))
     free = shutil.disk_usage(self.directory).free
@@ -246,14 +237,14 @@ class Checkpointer:
               like_reference: Any = None, reference_shardings: Any = None):
     """Restores (state, data_state, meta, reference or None) into the structure/shardings of
     `like_state` (and `like_reference`, for a checkpoint that holds a reset reference)."""
-    ocp = _ocp()
+    ocp = orbax_module()
     with self._quiet.restore():   # a failed read is raised once, without orbax's tracebacks
       meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
       has_reference = meta['meta'].get('has_reference', False) and like_reference is not None
       state = self._restore_state(step, like_state, shardings)
       args = {'data': ocp.args.JsonRestore(), 'meta': ocp.args.JsonRestore()}
       if has_reference:
-        args['reference'] = ocp.args.StandardRestore(_abstract(like_reference, reference_shardings))
+        args['reference'] = ocp.args.StandardRestore(abstract(like_reference, reference_shardings))
       out = self._manager.restore(step, args=ocp.args.Composite(**args))
     meta = {k: v for k, v in out['meta'].items() if k != 'has_reference'}
     return state, out['data'], meta, out['reference'] if has_reference else None
@@ -266,9 +257,9 @@ class Checkpointer:
     Raises CheckpointReadError (one line: what is wrong, the item's directory; the checkpoint
     is left in place) when the item is missing or cannot be read: a checkpoint without a
     manifest is not verified at open (module doc)."""
-    ocp = _ocp()
+    ocp = orbax_module()
     item = os.path.join(self.directory, str(step), BEFORE_RESET)
-    target = ocp.args.StandardRestore(_abstract(like_params, shardings))
+    target = ocp.args.StandardRestore(abstract(like_params, shardings))
     try:
       with self._quiet.restore():
         out = self._manager.restore(step, args=ocp.args.Composite(**{BEFORE_RESET: target}))
@@ -287,9 +278,9 @@ class Checkpointer:
     way. Both are reported in `problems`; params, optimizer state and step always come back
     exactly, or the restore fails.
     """
-    ocp = _ocp()
+    ocp = orbax_module()
     if not dataclasses.is_dataclass(like_state):
-      args = ocp.args.StandardRestore(_abstract(like_state, shardings))
+      args = ocp.args.StandardRestore(abstract(like_state, shardings))
       return self._manager.restore(step, args=ocp.args.Composite(state=args))['state']
     saved = ocp.PyTreeCheckpointHandler().metadata(
         epath.Path(self.directory) / str(step) / 'state')
@@ -312,7 +303,7 @@ class Checkpointer:
     attempts = [[n for n in wanted if n not in misfits],
                 [n for n in wanted if n not in RESETTABLE_FIELDS]]
     for i, fields in enumerate(attempts):
-      target = {n: _abstract(getattr(like_state, n),
+      target = {n: abstract(getattr(like_state, n),
                              None if shardings is None else getattr(shardings, n))
                 for n in fields}
       args = ocp.args.PyTreeRestore(
@@ -346,54 +337,3 @@ class Checkpointer:
 
   def __exit__(self, *exc) -> None:
     self.close()
-
-
-def check_params_out(path: str) -> None:
-  """FileExistsError unless `path` is absent, empty, or a params directory written before (it
-  has orbax's _CHECKPOINT_METADATA): save_params replaces the whole directory, and a mistyped
-  --out once deleted whatever was there."""
-  if os.path.isdir(path) and os.listdir(path) and not os.path.isfile(
-      os.path.join(path, '_CHECKPOINT_METADATA')):
-    raise FileExistsError(f'{path} exists and is not a parameter checkpoint (no orbax '
-                          '_CHECKPOINT_METADATA); refusing to replace it: give a new directory')
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise FileExistsError(f'{path} exists and is a file; give a new directory')
-
-
-def save_params(path: str, params: Any) -> None:
-  """Writes a params pytree to a standalone orbax directory, replacing an earlier one there
-  (check_params_out: never another directory)."""
-  ocp = _ocp()
-  check_params_out(path)
-  with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(os.path.abspath(path), params, force=True)
-
-
-def check_params(path: str, like_params: Any) -> None:
-  """FileNotFoundError / ValueError (first line: what is wrong) unless `path` is a params
-  directory of save_params whose arrays have the names and shapes of like_params (arrays or
-  ShapeDtypeStructs). Reads orbax's metadata only, never an array: load_params checks this
-  before reading (orbax's failed async reads log pages of tracebacks), --validate_only too."""
-  path = os.path.abspath(path)
-  if not os.path.isdir(path):
-    raise FileNotFoundError(f'no parameter checkpoint at {path}')
-  if not os.path.isfile(os.path.join(path, '_CHECKPOINT_METADATA')):
-    raise ValueError(f'{path} is not a parameter checkpoint (no orbax _CHECKPOINT_METADATA)')
-  with _ocp().StandardCheckpointer() as ckptr:
-    saved = ckptr.metadata(path).item_metadata
-  shapes = lambda tree: {'/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in p):
-                         tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
-  have, want = shapes(saved), shapes(like_params)
-  for name in sorted(set(have) | set(want)):
-    if have.get(name) != want.get(name):
-      raise ValueError(f'does not match config.model: {name} is {have.get(name) or "absent"} '
-                       f'there, {want.get(name) or "absent"} in this model')
-
-
-def load_params(path: str, like_params: Any, shardings: Any = None) -> Any:
-  """Reads params saved by save_params into the structure (and shardings) of like_params
-  (check_params first)."""
-  ocp = _ocp()
-  check_params(path, like_params)
-  with ocp.StandardCheckpointer() as ckptr:
-    return ckptr.restore(os.path.abspath(path), _abstract(like_params, shardings))
