@@ -327,7 +327,12 @@ class Checkpointer:
     return like_state.replace(**restored)
 
   def close(self) -> None:
+    """Waits for orbax's work, then closes. Orbax (0.12) removes interrupted saves' temporary
+    directories on a thread started when the manager opens, and only a save waits for it: a
+    process that ends soon after opening (a refused resume, an error in set-up) had that thread
+    print 'cannot schedule new futures after shutdown' after its last line."""
     try:
+      getattr(self._manager, '_maybe_await_cleanup_tmp_directory', lambda: None)()
       self._manager.close()
     finally:
       self._quiet.close()

@@ -1,5 +1,6 @@
 """What a failed checkpoint write leaves on disk (rft_jax.checkpoint)."""
 
+import asyncio
 import os
 
 import pytest
@@ -26,3 +27,23 @@ def test_a_write_failing_in_orbax_leaves_no_temporary_directory(tmp_path, monkey
   ckpt.save(3, make_state(3, steps=3), {}, {})
   assert ckpt.all_steps() == [1, 3] and sorted(os.listdir(d)) == ['1', '3']
   ckpt.close()
+
+
+def test_a_close_before_any_save_waits_for_orbaxs_cleanup_thread(tmp_path, monkeypatch):
+  """Orbax removes an interrupted save's temporary directory on a thread started when the
+  manager opens; only a save waited for it. A run refused right after opening its checkpoints
+  (another seed on resume) exited under that thread, which printed 'cannot schedule new futures
+  after shutdown' after the one-line error. Here the removal is slowed: close() waits for it."""
+  from orbax.checkpoint._src.path import async_path  # pylint: disable=C0415
+  d = tmp_path / 'ckpts'
+  with checkpoint.Checkpointer(str(d)) as ckpt:
+    ckpt.save(1, make_state(1, steps=1), {}, {})
+  (d / '2.orbax-checkpoint-tmp-1765000000').mkdir()   # a save cut short
+  rmtree = async_path.rmtree
+
+  async def slow_rmtree(path):
+    await asyncio.sleep(0.5)
+    return await rmtree(path)
+  monkeypatch.setattr(async_path, 'rmtree', slow_rmtree)
+  checkpoint.Checkpointer(str(d)).close()
+  assert sorted(os.listdir(d)) == ['1']

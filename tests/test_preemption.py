@@ -189,6 +189,9 @@ def test_sigterm_during_setup_exits_75_at_once(tmp_path):
 _SIGNAL_ON_IMPORT = """
 import importlib.abc, os, runpy, signal, sys
 module, sig = sys.argv[1:3]
+# as typed in a terminal: a suite started in the background (`make test &`) passes SIGINT on
+# ignored, and the command rightly keeps it so (stop_signals.install_start_handlers)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 class SignalOnImport(importlib.abc.MetaPathFinder):
   def find_spec(self, name, path=None, target=None):
     if name == module:
