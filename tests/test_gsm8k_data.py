@@ -179,8 +179,8 @@ def test_setup_errors_name_the_config_key(manual_dir, tmp_path):
   with pytest.raises(components.SetupError, match='config.task.chat_template=True'):
     components.load_task(task_config(manual_dir, data_dir), spm)
   train, _ = components.load_task(task_config(manual_dir, data_dir), tok)
-  with pytest.raises(ValueError, match=r'record id=0: prompt .* \d+ tokens > '   # no BOS
-                                       r'max_prompt_len=8'):
+  with pytest.raises(ValueError, match=r'train\.jsonl line 1 \(record 0\): prompt .* \d+ '
+                                       r'tokens > max_prompt_len=8'):   # no BOS
     pipeline.eval_prompts(train, tok, max_prompt_len=8, num_prompts=1)
 
 
@@ -279,3 +279,14 @@ def test_a_bad_record_in_the_training_stream_names_its_file_and_line(manual_dir,
   got = re.match(re.escape(os.path.join(manual_dir, 'train.jsonl')) +
                  r" line (\d) \(record (\d)\): answer '", str(e.value))
   assert got and int(got[1]) == int(got[2]) + 1, str(e.value)
+
+
+def test_a_bad_held_out_record_names_its_file_and_line(manual_dir, tmp_path):
+  """A held-out prompt too long for max_prompt_len: the eval batch's error names test.jsonl and
+  the 1-based line, as the training stream's do (it said 'record id=0')."""
+  tok = load_tokenizer(fx.write_qwen2_tokenizer(str(tmp_path / 'qwen')))
+  _, test = components.load_task(task_config(manual_dir, str(tmp_path / 'tfds')), tok)
+  with pytest.raises(ValueError) as e:
+    pipeline.eval_prompts(test, tok, max_prompt_len=8, num_prompts=1)
+  where = os.path.join(manual_dir, 'test.jsonl') + ' line 1 (record 0): prompt '
+  assert str(e.value).startswith(where) and 'max_prompt_len=8' in str(e.value), str(e.value)

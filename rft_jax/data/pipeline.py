@@ -348,13 +348,15 @@ def eval_prompts(source: Sequence[Any], tokenizer: Tokenizer, *,
   Same keys and layout as a ``prompt_batches`` batch, with B = num_prompts.
 
   Raises:
-    ValueError: ``num_prompts`` is < 1 or more than the source holds.
+    ValueError: ``num_prompts`` is < 1 or more than the source holds; a bad record (named as
+      the training stream names it: file and line for a source with ``record_where``).
   """
   if not 1 <= num_prompts <= len(source):
     raise ValueError(f'num_prompts={num_prompts} not in [1, {len(source)}] '
                      '(the number of records in the source)')
-  items = [encode_prompt(normalize_record(source[i]), tokenizer,
-                         max_prompt_len) for i in range(num_prompts)]
+  encode = _naming(source, lambda record: encode_prompt(normalize_record(record), tokenizer,
+                                                       max_prompt_len))
+  items = [encode(source[i]) for i in range(num_prompts)]
   return {
       'prompt_tokens': np.stack([x['prompt_tokens'] for x in items]),
       'prompt_mask': np.stack([x['prompt_mask'] for x in items]),
