@@ -271,7 +271,7 @@ def test_a_bad_record_in_the_training_stream_names_its_file_and_line(manual_dir,
   assert str(e.value).startswith(where + 'prompt ') and 'max_prompt_len=8' in str(e.value)
   bad = pipeline.BadRecords('gsm8k train split')
   next(pipeline.prompt_batches(train, tok, max_prompt_len=90, batch_size=1, seed=0,   # 95 88 88
-                               shuffle=False, bad_records=bad))
+                               shuffle=False, num_epochs=1, bad_records=bad))
   assert [r.startswith('gsm8k train split: ' + where + 'prompt ') for r in bad.drain()] == [True]
   raw = gsm8k.load_split('train', manual_dir, str(tmp_path / 'tfds'))
   with pytest.raises(ValueError) as e:
