@@ -22,6 +22,7 @@ NAME_TO_FLOAT = _NameToFloat()
 SCHEMA: dict[str, Any] = {
     'name': str,
     'variant': str,   # the recipe's get_config(arg) argument, e.g. 'tiny' ('' = the full recipe)
+    'recipe_file': str,   # the recipe's file (recipes.record_recipe; unset for a built config)
     'seed': int,
     'init_from': str,   # orbax params dir; '' = random init
     'task': {'name': str, 'data_dir': str, 'max_prompt_len': int,
@@ -96,6 +97,7 @@ OPTIONAL_SECTIONS = ('monitor', 'faults', 'scaling')
 # Keys a recipe may leave out; code reading them uses config.<section>.get(key, default).
 OPTIONAL_KEYS = frozenset({
     'variant',                      # unknown when left out (a recipe of one's own may not say)
+    'recipe_file',                  # set when the config is loaded from a file
     'model.path',                   # default '' (the model config.model describes)
     'model.remat',                  # default 'none': see rft_jax/models/llama.py ModelConfig
     'model.scan_layers',            # default False: see rft_jax/models/llama.py ModelConfig

@@ -41,6 +41,7 @@ from ml_collections import config_flags
 
 from rft_jax import api
 from rft_jax import config as config_lib
+from rft_jax import recipes
 # pylint: enable=wrong-import-position
 
 USAGE_ERROR = 2
@@ -197,6 +198,7 @@ def parse_command_line(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, 
     raise UsageError(f'unknown config key in overrides: {e}') from None
   if len(rest) > 1:
     raise UsageError(f'unexpected argument {rest[1]!r}')
+  recipes.record_recipe(config, resolved)   # absl loaded it anew: as `loaded`, say which file
   if flag_values.workdir.startswith('-'):   # `--workdir --validate_only`: absl takes the flag
     raise UsageError(f'--workdir needs a directory; it got the flag {flag_values.workdir!r}')
   config_lib.expand_user_paths(config)   # `--config.model.path=~/m`: the shell leaves the `~`

@@ -76,7 +76,20 @@ def load_recipe(spec: str, origin: str | None = None) -> ml_collections.ConfigDi
   if not isinstance(config, ml_collections.ConfigDict):
     raise RecipeError(f'config file {path!r}: get_config() returned {type(config).__name__}, '
                       'not a ConfigDict')
+  record_recipe(config, spec)
   return config
+
+
+def record_recipe(config: ml_collections.ConfigDict, spec: str) -> None:
+  """Records in `config` the recipe `spec` ('path.py[:arg]') that made it, for the run's
+  records (config.json, summary.json, the log's start record and console banner): recipe_file
+  is the file; variant its get_config argument ('' = none), unless the config has one (the
+  shipped recipes set it; so may an override). A recipe of one's own need not say either."""
+  path, _, arg = spec.partition(':')
+  with config.unlocked():
+    config.recipe_file = path
+    if 'variant' not in config:
+      config.variant = arg
 
 
 def _beside_hint(e: Exception, path: str) -> str:

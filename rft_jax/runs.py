@@ -154,6 +154,7 @@ def make_summary(config, base_eval: dict, final_eval: dict, steps: int, wall_s: 
   return {
       'recipe': config.name,
       'variant': config.get('variant'),   # None: the recipe does not say (config_schema)
+      'recipe_file': config.get('recipe_file'),   # None: a config not loaded from a file
       'steps': steps,
       'optim_updates': steps * updates_per_step(config),
       'wall_s': round(wall_s, 1),
@@ -252,9 +253,10 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
     hooks.append(h)
   for problem in ckpt.problems:   # corrupt or partial checkpoints: reported, never loaded
     hooks.on_message(problem)
-  variant = {'variant': config.variant} if 'variant' in config else {}   # tools.scaling reads it
+  # the recipe's variant (tools.scaling reads it) and file, where the config says them
+  recipe = {k: config[k] for k in ('variant', 'recipe_file') if k in config}
   hooks.on_start(start, config.train.steps, {
-      'recipe': config.name, **variant, 'workdir': workdir,
+      'recipe': config.name, **recipe, 'workdir': workdir,
       'params': f'{c.model_cfg.num_params():,}',
       'devices': f'{c.mesh.size} x {jax.devices()[0].platform}'})
   if c.mesh.size < jax.device_count():   # legal on one host, and easy to do by mistake

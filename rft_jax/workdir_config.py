@@ -68,7 +68,8 @@ def check_workdir_config(config, workdir: str,
 
 # Config keys that name files: recorded as absolute paths, so that api.open_run(workdir) finds
 # them from any directory.
-_PATH_KEYS = ('tokenizer.path', 'init_from', 'model.path', 'task.data_dir', 'task.manual_dir')
+_PATH_KEYS = ('tokenizer.path', 'init_from', 'model.path', 'task.data_dir', 'task.manual_dir',
+              'recipe_file')
 
 
 def record_workdir_config(config, workdir: str) -> None:

@@ -58,7 +58,8 @@ def test_history_is_the_metrics_file(run, tmp_path_factory):
   assert reopened.history == run.history and reopened.summary == run.summary
   # The config comes from the workdir's config.json, so the trained policy loads without it.
   mine, theirs = run.config.to_dict(), reopened.config.to_dict()
-  for section, key in (('tokenizer', 'path'), (None, 'init_from')):   # recorded absolute
+  for section, key in (('tokenizer', 'path'), (None, 'init_from'),   # recorded absolute
+                       (None, 'recipe_file')):
     holder_mine, holder_theirs = (mine, theirs) if section is None else (mine[section],
                                                                          theirs[section])
     assert holder_theirs[key] == os.path.abspath(holder_mine[key])

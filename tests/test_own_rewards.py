@@ -1,7 +1,9 @@
 """A user's own rewards and prompts, at load and in training: a verifier of the wrong
 signature, a prompt option the task would ignore, held-out accuracy by one's own verifier
-(eval.verifier), a verifier failing on some samples (said once, the run goes on). The files of
-the GSM8K task (a user's own JSONL) are tested in tests/test_gsm8k_data.py."""
+(eval.verifier), a verifier failing on some samples (said once, the run goes on), the recipe
+file a run records. The files of the GSM8K task (a user's own JSONL) are tested in
+tests/test_gsm8k_data.py."""
+import json
 import os
 import sys
 
@@ -11,7 +13,8 @@ import pytest
 
 from configs import grpo_arith, sft_arith
 from rft_jax import config as config_lib
-from rft_jax import trainer
+from rft_jax import api, trainer
+from rft_jax import main as main_lib
 from rft_jax.telemetry.sinks import read_jsonl
 
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -156,7 +159,6 @@ def test_unscored_notes_name_the_timeout_key():
 def test_the_readmes_own_data_recipe_trains_and_scores_with_its_verifier(tmp_path):
   """experiments/own_data/recipe.py, the README's "Your own data and reward": its JSONL files
   load, its verifier scores the rollouts and the held-out accuracy (eval.verifier)."""
-  from rft_jax import api  # pylint: disable=g-import-not-at-top
   config = api.load_config(os.path.join(_TESTS_DIR, '..', 'experiments', 'own_data', 'recipe.py'),
                            {'train.steps': 2, 'rewards.num_workers': 0,
                             'task.data_dir': str(tmp_path / 'tfds'), 'telemetry.console': False,
@@ -168,3 +170,28 @@ def test_the_readmes_own_data_recipe_trains_and_scores_with_its_verifier(tmp_pat
   assert all(r['reward/invalid_frac'] == 0.0 for r in rows.values())
   evals = read_jsonl(str(tmp_path / 'run' / 'metrics.jsonl'), kind='eval')
   assert [e['step'] for e in evals][-1] == 2 and 0 < evals[0]['eval/base_greedy_acc'] < 1
+
+
+def test_a_run_records_a_recipe_file_of_ones_own(tmp_path):
+  """A recipe of one's own (a file outside configs/) that sets no config.variant, loaded by the
+  CLI or the Python API: the run's records named neither its file nor its get_config argument
+  (summary.json 'variant': null, no variant in the log's start record). Now config.json,
+  summary.json and the start record (the console banner) name the file, and the variant is the
+  argument it was loaded with ('' = none)."""
+  recipe = tmp_path / 'my_recipe.py'
+  recipe.write_text('from configs import grpo_arith\n\n\ndef get_config():\n'
+                    "  config = grpo_arith.get_config('tiny')\n"
+                    "  config.name = 'mine'\n  del config['variant']\n  return config\n")
+  cli_config, _, _ = main_lib.parse_command_line(['main', f'--config={recipe}'])
+  assert (cli_config.recipe_file, cli_config.variant) == (str(recipe), '')
+  config = api.load_config(str(recipe), {
+      'train.steps': 1, 'train.eval_every': 1, 'monitor.mode': 'off', 'rewards.num_workers': 0,
+      'telemetry.console': False, 'telemetry.tensorboard': False, 'telemetry.plot': False})
+  workdir = tmp_path / 'run'
+  summary = trainer.run(config, str(workdir))
+  assert (summary['recipe'], summary['recipe_file'], summary['variant']) == (
+      'mine', str(recipe), '')
+  assert json.loads((workdir / 'config.json').read_text())['recipe_file'] == str(recipe)
+  assert json.loads((workdir / 'summary.json').read_text())['recipe_file'] == str(recipe)
+  [start] = read_jsonl(str(workdir / 'metrics.jsonl'), kind='start')
+  assert start['config']['recipe_file'] == str(recipe) and start['config']['variant'] == ''
