@@ -240,11 +240,19 @@ def _no_records(workdir: str, recorded: str) -> str:
 RECORD_KINDS = ('start', 'train', 'eval', 'message', 'incident', 'action', 'verdict', 'end')
 
 
+def _finished(records: list[dict[str, Any]]) -> bool:
+  """Whether the run's latest invocation finished: an 'end' record after its last 'start'."""
+  last = {r.get('kind'): i for i, r in enumerate(records)}
+  return last.get('end', -1) > last.get('start', -1)
+
+
 def _check_series(records: list[dict[str, Any]], key: str, kind: str) -> None:
-  """ValueError (one line) for a `kind` neither in RECORD_KINDS nor logged, or a `key` that
-  no record of `kind` in the full log has (abandoned steps count). A metric is known from
-  what the run logged: an eval's 'eval/X' and step 0's 'eval/base_X' make each other known
-  (a later eval has not run yet); with no record of `kind` yet, any `key` passes."""
+  """ValueError (one line) for a `kind` neither in RECORD_KINDS nor logged, or, in a finished
+  run, a `key` that no record of `kind` in the full log has (abandoned steps count). A metric
+  is known from what the run logged: an eval's 'eval/X' and step 0's 'eval/base_X' make each
+  other known; with no record of `kind`, any `key` passes. A run still going (or stopped, to
+  be resumed) may log a metric later (scaling/* once the live fit has enough evals), so there
+  any `key` passes until the run ends."""
   kinds = set(RECORD_KINDS) | {r['kind'] for r in records if isinstance(r.get('kind'), str)}
   if kind not in kinds:
     raise ValueError(f'series: no record kind {kind!r}{config_lib.did_you_mean(kind, kinds)}; '
@@ -254,7 +262,7 @@ def _check_series(records: list[dict[str, Any]], key: str, kind: str) -> None:
     names |= ({n.replace('eval/base_', 'eval/', 1) for n in names}
               | {n.replace('eval/', 'eval/base_', 1) for n in names
                  if n.startswith('eval/') and not n.startswith('eval/base_')})
-  if names and key not in names:
+  if names and key not in names and _finished(records):
     hint = config_lib.did_you_mean(key, names) or f'; known: {", ".join(sorted(names))}'
     raise ValueError(f'series: no {kind!r} record of this run logged {key!r}{hint}')
 
@@ -330,8 +338,9 @@ class Run:
     """(steps, values) of one metric over the records of `kind` that have it: for 'train' and
     'eval' those of `history` / `evals` (the final trajectory, each step once), for another
     kind every one in the full log, in file order. ValueError (one line, did-you-mean) for a
-    `key` that no record of `kind` logged (`_check_series`); a known one with no values in
-    the final trajectory yet gives ([], [])."""
+    `key` that no record of `kind` of a finished run logged (`_check_series`); a key not
+    logged yet by a run still going, or a known one with no values in the final trajectory,
+    gives ([], [])."""
     _check_series(self.records, key, kind)
     rows = [r for r in (self._final(kind) if kind in ('train', 'eval') else self._kind(kind))
             if key in r]

@@ -172,15 +172,16 @@ def test_a_rewound_run_reads_as_its_final_trajectory(tmp_path, monkeypatch):
 
 
 def test_series_of_a_metric_the_run_never_logged_is_a_one_line_error():
-  """A typo was an empty series, ([], []). Known names are what the run's records of that kind
-  logged (abandoned steps included); an eval's 'eval/X' and step 0's 'eval/base_X' make each
-  other known; a run with no record of the kind yet has nothing to check against."""
+  """A typo was an empty series, ([], []). Known names are what the finished run's records of
+  that kind logged (abandoned steps included); an eval's 'eval/X' and step 0's 'eval/base_X'
+  make each other known; a run with no record of the kind yet has nothing to check against."""
   started = [{'step': 0, 'kind': 'start', 'total_steps': 4},
              {'step': 0, 'kind': 'eval', 'eval/base_greedy_acc': 0.1}]
   run = api.Run(config=None, workdir='/w', summary={}, records=started + [
       {'step': 1, 'kind': 'train', 'loss': 1.0, 'reward/mean': 0.5},
       {'step': 2, 'kind': 'train', 'loss': 2.0, 'reward/mean': 0.6, 'kl_coef': 0.1},
-      {'step': 2, 'kind': 'train', 'loss': 3.0, 'reward/mean': 0.7}])   # 2 redone: no kl_coef
+      {'step': 2, 'kind': 'train', 'loss': 3.0, 'reward/mean': 0.7},   # 2 redone: no kl_coef
+      {'step': 2, 'kind': 'end'}])
   with pytest.raises(ValueError, match=r"^series: no 'train' record of this run logged 'lsos' "
                                        r"\(did you mean 'loss'\?\)$"):
     run.series('lsos')
@@ -200,6 +201,30 @@ def test_series_of_a_metric_the_run_never_logged_is_a_one_line_error():
   assert run.series('fault_class', kind='incident') == ([], [])   # no incident at all
   fresh = api.Run(config=None, workdir='/w', summary={}, records=started)
   assert fresh.series('loss') == ([], [])   # before its first step
+
+
+def test_series_of_a_metric_a_live_run_has_not_logged_yet_is_empty():
+  """A run still going logs some metrics only later (scaling/* once the live fit has enough
+  evals, a train metric from some step on): reading it, their series raised 'no record of this
+  run logged' until then. Until the run ends (an 'end' record after its last 'start': a resumed
+  run is going again) such a name gives ([], []); once it has ended, the one-line error."""
+  records = [{'step': 0, 'kind': 'start', 'total_steps': 8},
+             {'step': 0, 'kind': 'eval', 'eval/base_greedy_acc': 0.1},
+             {'step': 1, 'kind': 'train', 'loss': 1.0},
+             {'step': 2, 'kind': 'train', 'loss': 0.9, 'late/metric': 3.0},
+             {'step': 2, 'kind': 'eval', 'eval/greedy_acc': 0.2}]
+  live = api.Run(config=None, workdir='/w', summary={}, records=records)
+  assert live.series('scaling/pred_final', kind='eval') == ([], [])
+  assert live.series('late/metric') == ([2], [3.0])
+  assert live.series('other/metric') == ([], [])
+  ended = records + [{'step': 2, 'kind': 'end'}]
+  resumed = api.Run(config=None, workdir='/w', summary={}, records=ended + [
+      {'step': 2, 'kind': 'start', 'total_steps': 16}])
+  assert resumed.series('scaling/pred_final', kind='eval') == ([], [])
+  finished = api.Run(config=None, workdir='/w', summary={}, records=ended)
+  with pytest.raises(ValueError, match=r"^series: no 'eval' record of this run logged "
+                                       r"'scaling/pred_final'; known: "):
+    finished.series('scaling/pred_final', kind='eval')
 
 
 def test_open_run_without_metrics_jsonl_says_what_the_workdir_is(tmp_path):
