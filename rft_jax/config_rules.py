@@ -202,7 +202,7 @@ def _moves_temp(config: ml_collections.ConfigDict) -> bool:
 
 def _check_critic(algo: ml_collections.ConfigDict) -> None:
   """PPO (a critic-based advantage) needs a critic; the critic's keys need PPO; adaptive KL
-  needs a coefficient to adapt."""
+  needs a coefficient to adapt, and so does the KL in the reward."""
   critic, ppo = algo.get('critic', 'none'), algo.advantage in CRITIC_ADVANTAGES
   if ppo and critic == 'none':
     raise ConfigError('algo.critic', f'algo.advantage={algo.advantage!r} (PPO) needs a value '
@@ -216,6 +216,10 @@ def _check_critic(algo: ml_collections.ConfigDict) -> None:
       if key in algo:
         raise ConfigError(f'algo.{key}', "a PPO setting: it needs algo.advantage='gae' and a "
                           'critic; remove it', algo[key])
+  if algo.get('kl_in_reward', False) and not algo.kl_coef:
+    raise ConfigError('algo.kl_in_reward', 'puts algo.kl_coef * KL in the reward, and '
+                      'algo.kl_coef is 0, so there is no KL term at all: set algo.kl_coef > 0 '
+                      'or leave kl_in_reward unset', True)
   if algo.get('kl_ctrl', 'fixed') == 'adaptive' and not algo.kl_coef:
     raise ConfigError('algo.kl_ctrl', 'the adaptive controller adapts algo.kl_coef, which is 0: '
                       'set algo.kl_coef > 0 (the initial coefficient)', 'adaptive')

@@ -52,8 +52,12 @@ def test_grpo_recipe_keeps_its_defaults():
     ({'algo.entropy_coef': -0.01}, 'config.algo.entropy_coef=-0.01: must be >= 0'),
     ({'algo.kl_in_reward': 1}, 'config.algo.kl_in_reward=1: expected bool, got int'),
     ({'algo.loss_agg': 'seq_mean'}, "config.algo.loss_agg='seq_mean': unknown loss aggregation"),
+    # Used to train with no KL at all, silently (grpo.assemble_batch skips it at kl_coef 0).
+    ({'algo.kl_in_reward': True, 'algo.kl_coef': 0.0},
+     'config.algo.kl_in_reward=True: puts algo.kl_coef * KL in the reward, and algo.kl_coef '
+     'is 0'),
 ], ids=['rloo_group_1', 'dual_clip_1', 'dual_clip_cispo', 'eps_high', 'eps_low', 'entropy',
-        'kl_in_reward_type', 'unknown_agg'])
+        'kl_in_reward_type', 'unknown_agg', 'kl_in_reward_no_coef'])
 def test_algo_validation_errors(changes, message, assets):
   error = config_error(_with_assets(grpo_arith.get_config(), assets), changes)
   assert error.startswith(message), error

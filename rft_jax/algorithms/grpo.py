@@ -299,9 +299,6 @@ def loss_terms(logp_bl, entropy_bl, mb, *, algo: GRPOConfig, kl_coef=None):
   loss_sum, count = agg(loss_bl, mask_bl)
   sg = jax.lax.stop_gradient
   sums = {'loss': sg(loss_sum), 'pg_loss': sg(agg(pg_bl, mask_bl)[0]),
-          'kl': sg(tok(kl_bl, mask_bl)[0]),
-          'kl/k1': sg(tok(kl_penalty(logp_bl, mb['ref_logp'], 'k1'), mask_bl)[0]),
-          'kl/k3': sg(tok(kl_penalty(logp_bl, mb['ref_logp'], 'k3'), mask_bl)[0]),
           # verl's ppo_kl: k1 estimate of KL(old || current) on the sampled tokens.
           'ppo_kl': sg(tok(mb['old_logp'] - logp_bl, mask_bl)[0]),
           'ratio/abs_dev': sg(tok(jnp.abs(stats['ratio'] - 1.0), mask_bl)[0]),
@@ -309,6 +306,10 @@ def loss_terms(logp_bl, entropy_bl, mb, *, algo: GRPOConfig, kl_coef=None):
           'clip_frac/low': tok(stats['clip_low'], mask_bl)[0],
           'clip_frac/high': tok(stats['clip_high'], mask_bl)[0],
           'ratio/mean': sg(tok(stats['ratio'], mask_bl)[0])}
+  if algo.use_reference:   # without a reference mb['ref_logp'] is old_logp: no KL to report
+    sums.update({'kl': sg(tok(kl_bl, mask_bl)[0]),
+                 'kl/k1': sg(tok(kl_penalty(logp_bl, mb['ref_logp'], 'k1'), mask_bl)[0]),
+                 'kl/k3': sg(tok(kl_penalty(logp_bl, mb['ref_logp'], 'k3'), mask_bl)[0])})
   if 'clip_dual' in stats:
     sums['clip_frac/dual'] = tok(stats['clip_dual'], mask_bl)[0]
   if algo.loss_agg != 'token_mean':
