@@ -18,6 +18,7 @@ def get_config(arg: str = ''):
   config.algo.advantage = 'dr_grpo'                 # A = r - mean(r_group)
   config.algo.loss = 'ppo_clip'
   config.algo.loss_agg = 'seq_mean_token_sum_norm'  # sum_t loss / max_len, mean over sequences
-  config.algo.max_len = config.rollout.max_new_tokens   # the constant normaliser
+  # max_len, the constant normaliser, is left out: it then is rollout.max_new_tokens (the
+  # generation budget), also after an override of that.
   config.algo.kl_coef = 0.0
   return config

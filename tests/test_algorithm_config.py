@@ -69,3 +69,14 @@ def test_group_free_estimator_accepts_group_size_one(assets):
   config = _with_assets(reinforce_pp_arith.get_config('tiny'), assets)
   config.rollout.group_size = 1
   config_lib.validate(config)
+
+
+def test_dr_grpo_normaliser_follows_the_generation_budget():
+  """Dr.GRPO divides token sums by the generation budget (README: max_len); the recipe used to
+  copy rollout.max_new_tokens into algo.max_len at load, so --config.rollout.max_new_tokens=10
+  left the normaliser at 6."""
+  from rft_jax import api   # pylint: disable=g-import-not-at-top
+  config = api.load_config('dr_grpo_arith', {'rollout.max_new_tokens': 10})
+  assert grpo.GRPOConfig.from_config(config).max_len == 10
+  config = api.load_config('dr_grpo_arith', {'algo.max_len': 8})   # a constant of one's own
+  assert grpo.GRPOConfig.from_config(config).max_len == 8
