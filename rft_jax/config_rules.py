@@ -219,7 +219,7 @@ def _check_critic(algo: ml_collections.ConfigDict) -> None:
   if algo.get('kl_in_reward', False) and not algo.kl_coef:
     raise ConfigError('algo.kl_in_reward', 'puts algo.kl_coef * KL in the reward, and '
                       'algo.kl_coef is 0, so there is no KL term at all: set algo.kl_coef > 0 '
-                      'or leave kl_in_reward unset', True)
+                      'or algo.kl_in_reward=False', True)
   if algo.get('kl_ctrl', 'fixed') == 'adaptive' and not algo.kl_coef:
     raise ConfigError('algo.kl_ctrl', 'the adaptive controller adapts algo.kl_coef, which is 0: '
                       'set algo.kl_coef > 0 (the initial coefficient)', 'adaptive')
