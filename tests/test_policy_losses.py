@@ -94,6 +94,45 @@ def test_gspo_matches_sequence_level_objective():
   assert np.abs(np.asarray(g_tok)).max() > 1e-3
 
 
+def test_gspo_token_with_per_token_advantages_and_dual_clip_matches_loops():
+  """GSPO-token (Zheng et al. 2025, eq. 13-14) with an advantage per token, as REINFORCE++ or
+  PPO's GAE give it: token t of sequence i has value -min(s_i A_it, clip(s_i) A_it) (dual clip:
+  at most -c A_it for A_it < 0) and, under seq_mean_token_mean, the gradient
+  -s_i A_it / (|y_i| N_seq) w.r.t. its own log-prob when unclipped, 0 when clipped: sg(s_i)
+  carries no gradient to the sequence's other tokens. Plain loops."""
+  logp, old, _, mask = _seq_batch(seed=4)
+  rng = np.random.RandomState(7)
+  adv = (rng.randn(*mask.shape) * 1.5).astype(np.float32)
+  eps_lo, eps_hi, c = 0.01, 0.015, 1.005
+  lo, hi = 1 - eps_lo, 1 + eps_hi
+  rows = [i for i in range(mask.shape[0]) if mask[i].sum()]
+  want_v, want_g, kinds = 0.0, np.zeros_like(logp, np.float64), set()
+  for i in rows:
+    toks = [t for t in range(mask.shape[1]) if mask[i, t]]
+    s = math.exp(sum(float(logp[i, t]) - float(old[i, t]) for t in toks) / len(toks))
+    for t in toks:
+      a = float(adv[i, t])
+      value = -min(s * a, min(max(s, lo), hi) * a)
+      grad = -s * a if s * a <= min(max(s, lo), hi) * a else 0.0
+      kinds.add('clipped' if grad == 0.0 else 'free')
+      if a < 0 and value > -c * a:
+        value, grad = -c * a, 0.0
+        kinds.add('dual')
+      want_v += value / (len(toks) * len(rows))
+      want_g[i, t] = grad / (len(toks) * len(rows))
+
+  def mean_loss(x):
+    l_bl, _ = losses.gspo(x, jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask),
+                          clip_eps_low=eps_lo, clip_eps_high=eps_hi, clip_c=c)
+    total, count = losses.seq_mean_token_mean(l_bl, jnp.asarray(mask))
+    return total / count
+
+  value, grad = jax.jit(jax.value_and_grad(mean_loss))(jnp.asarray(logp))
+  np.testing.assert_allclose(float(value), want_v, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(grad), want_g, rtol=1e-4, atol=1e-8)
+  assert kinds == {'clipped', 'free', 'dual'}, kinds   # every branch is exercised
+
+
 def test_cispo_values_gradient_and_stats():
   ratios = [1.5, 1.1, 0.5, 0.95]
   adv = [2.0, -1.0, 1.0, -3.0]
