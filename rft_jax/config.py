@@ -84,7 +84,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     kind = 'online DPO' if online else 'offline DPO'
   for name in required:
     if name not in config:
-      raise ConfigError(name, f'missing section; a {kind} recipe needs it')
+      raise ConfigError(name, f'missing section; {kind} recipes need it')
   rules.check_finite(config)
 
   ranges = rules.COMMON_RULES + (rules.SFT_RULES if is_sft(config) else
