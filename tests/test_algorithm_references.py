@@ -263,3 +263,20 @@ def test_dual_clip_and_truncated_importance_sampling_against_loops():
   lm = case['mask'] * np.array(VALID)[:, None]
   assert ((ratio > 1.5) & (adv < 0) & (lm > 0)).any()
   assert ((np.exp(case['old'] - case['sampler']) > 1.2) & (lm > 0)).any()
+
+
+@pytest.mark.parametrize('estimator', ['k1', 'k2'])
+def test_rloo_kl_in_reward_with_the_other_estimators(estimator):
+  """RLOO's sequence KL charge with kl_estimator k1 (the paper's log-ratio, Ahmadian et al.) or
+  k2 (d^2 / 2): r_i - beta * sum_t KL_t(old, ref), then the leave-one-out baseline; loops."""
+  _, algo = recipe_algo(rloo_arith)
+  algo = dataclasses.replace(algo, kl_estimator=estimator)
+  case = make_case(seed=3)
+  kl = {'k1': lambda lp, rf: lp - rf, 'k2': lambda lp, rf: 0.5 * (rf - lp) ** 2}[estimator]
+  r = [REWARDS[b] - algo.kl_coef * sum(kl(case['old'][b, l], case['ref'][b, l])
+                                       for l in range(L) if case['mask'][b, l] and VALID[b])
+       for b in range(B)]
+  _, _, got_adv = rft_objective(algo, case)
+  np.testing.assert_allclose(got_adv, group_advantages('rloo', r, VALID), rtol=1e-5, atol=1e-6)
+  plain = group_advantages('rloo', REWARDS, VALID)
+  assert np.abs(np.asarray(got_adv) - plain).max() > 1e-4   # the charge moved the advantages
