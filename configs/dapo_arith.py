@@ -23,7 +23,7 @@ def get_config(arg: str = ''):
   config.name = 'dapo_arith'
   config.algo.advantage = 'grpo'
   config.algo.loss = 'ppo_clip'
-  config.algo.clip_eps_low = 0.2     # ratio >= 1 - 0.2 for A < 0
+  config.algo.clip_eps = 0.2         # ratio >= 1 - 0.2 for A < 0 (clip_eps_low follows it)
   config.algo.clip_eps_high = 0.28   # clip-higher: ratio <= 1 + 0.28 for A > 0
   config.algo.loss_agg = 'token_mean'
   config.algo.kl_coef = 0.0

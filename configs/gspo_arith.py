@@ -19,7 +19,7 @@ def get_config(arg: str = ''):
   config.name = 'gspo_arith'
   config.algo.advantage = 'grpo'
   config.algo.loss = 'gspo'
-  config.algo.clip_eps_low = 3e-4
+  config.algo.clip_eps = 3e-4        # the lower bound (clip_eps_low follows it)
   config.algo.clip_eps_high = 4e-4
   config.algo.loss_agg = 'seq_mean_token_mean'   # GSPO-token + this = GSPO's sequence objective
   config.algo.kl_coef = 0.0

@@ -118,13 +118,17 @@ def validate(config: ml_collections.ConfigDict) -> None:
 def start_warnings(config: ml_collections.ConfigDict) -> list[str]:
   """Settings that are legal (a short smoke run must still work) but likely not meant: one line
   each, printed when the run starts (rft_jax/runs.py open_run)."""
-  m, steps = config.get('monitor'), config.train.steps
+  m, steps, out = config.get('monitor'), config.train.steps, []
   if m is not None and m.mode != 'off' and m.get('warmup', 10) >= steps:
-    return [f'warning: config.monitor.warmup={m.get("warmup", 10)} >= config.train.steps='
-            f'{steps}: the failure monitor learns its baselines over the whole run and scores '
-            'no signal (only its invariant checks run); lower monitor.warmup or raise '
-            'train.steps']
-  return []
+    out.append(f'warning: config.monitor.warmup={m.get("warmup", 10)} >= config.train.steps='
+               f'{steps}: the failure monitor learns its baselines over the whole run and '
+               'scores no signal (only its invariant checks run); lower monitor.warmup or raise '
+               'train.steps')
+  algo = config.get('algo')
+  if algo is not None and 'clip_eps_low' in algo and 'clip_eps_high' in algo:
+    out.append(f'warning: config.algo.clip_eps={algo.clip_eps} is not used: algo.clip_eps_low '
+               'and algo.clip_eps_high are both set, and they are the clip bounds')
+  return out
 
 
 def sampling_notices(config: ml_collections.ConfigDict) -> list[str]:

@@ -1,6 +1,7 @@
 """Tests for the configuration of the GRPO-family algorithm choices: the recipes (each changes
 only the algo section and validates), the GRPO recipe's defaults, and config.validate's one-line
 errors for the algo section. `assets` is the conftest fixture."""
+import numpy as np
 import pytest
 
 from config_fixtures import config_error
@@ -80,3 +81,25 @@ def test_dr_grpo_normaliser_follows_the_generation_budget():
   assert grpo.GRPOConfig.from_config(config).max_len == 10
   config = api.load_config('dr_grpo_arith', {'algo.max_len': 8})   # a constant of one's own
   assert grpo.GRPOConfig.from_config(config).max_len == 8
+
+
+@pytest.mark.parametrize('name', ['dapo_arith', 'gspo_arith', 'cispo_arith'])
+def test_clip_eps_override_moves_the_lower_bound(name):
+  """--config.algo.clip_eps used to change nothing on these recipes (they set both
+  clip_eps_low and clip_eps_high); now the lower bound follows it, the recipe's bounds are as
+  before, and setting both says in one line that clip_eps is unused."""
+  from rft_jax import api   # pylint: disable=g-import-not-at-top
+  def bounds(config):   # losses._bounds: each side defaults to clip_eps
+    algo = grpo.GRPOConfig.from_config(config)
+    low, high = algo.clip_eps_low, algo.clip_eps_high
+    return (1 - (algo.clip_eps if low is None else low),
+            1 + (algo.clip_eps if high is None else high))
+  want = {'dapo_arith': (0.8, 1.28), 'gspo_arith': (1 - 3e-4, 1 + 4e-4),
+          'cispo_arith': (0.0, 1.28)}[name]
+  config = api.load_config(name)
+  np.testing.assert_allclose(bounds(config), want, rtol=1e-9)
+  assert not [w for w in config_lib.start_warnings(config) if 'clip_eps' in w]
+  np.testing.assert_allclose(bounds(api.load_config(name, {'algo.clip_eps': 0.1}))[0], 0.9)
+  both = api.load_config(name, {'algo.clip_eps_low': 0.1})
+  [line] = [w for w in config_lib.start_warnings(both) if 'clip_eps' in w]
+  assert line.startswith('warning: config.algo.clip_eps=') and 'clip_eps_low' in line

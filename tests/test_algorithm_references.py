@@ -212,7 +212,8 @@ def test_recipe_loss_and_gradient_match_the_paper(recipe):
   beta = algo.kl_coef if spec['kl'] != 'none' else 0.0
   assert (algo.kl_coef > 0) == (spec['kl'] != 'none'), 'a KL term the paper does not have'
   if spec['bounds'] is None:   # CISPO: no lower bound (the recipe's eps_low = 1 -> weight >= 0)
-    spec = {**spec, 'bounds': (1.0 - algo.clip_eps_low, 1.0 + algo.clip_eps_high)}
+    low = algo.clip_eps if algo.clip_eps_low is None else algo.clip_eps_low
+    spec = {**spec, 'bounds': (1.0 - low, 1.0 + algo.clip_eps_high)}
     assert spec['bounds'][0] <= 0.0
   max_len = config.rollout.max_new_tokens   # Dr.GRPO's constant: the generation budget
   case = make_case()
