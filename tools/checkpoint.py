@@ -12,7 +12,8 @@
       The params of RUN's latest (or --step) checkpoint as a HF dir that transformers and vLLM
       load. With config.model.path set, the family, token ids and the tokenizer / generation
       files of that source dir are carried over. Give the `--config.a.b=v` overrides the run was
-      started with (e.g. --config.model.path=...): the model is built from the config.
+      started with (e.g. --config.model.path=...): the model is built from the config. --out
+      must be new, empty or a HF model dir (an earlier export), and not config.model.path.
   python -m tools.checkpoint convert HF_DIR --out DIR
       A HF dir's params as an orbax params dir (for `init_from`, with model.path = HF_DIR).
 
@@ -40,6 +41,47 @@ def check_out(out: str) -> None:
     checkpoint.check_params_out(out)
   except FileExistsError as e:
     raise usage_exit(f'--out {e}') from None
+
+
+def check_hf_out(out: str, source: str) -> None:
+  """Exits 2 unless export may write a HF directory into --out: new, empty, or a HF model
+  directory (config.json naming `architectures`, as an earlier export), and not `source`
+  (config.model.path: its weights and config.json would be replaced by the trained ones)."""
+  from rft_jax.models import hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
+  if not os.path.lexists(out):
+    return
+  if not os.path.isdir(out):
+    raise usage_exit(f'--out {out} exists and is not a directory')
+  if source and os.path.isdir(source) and os.path.samefile(out, source):
+    raise usage_exit(f'--out {out} is config.model.path, the checkpoint the run started from: '
+                     'exporting there would replace its weights; give a new directory')
+  if not os.listdir(out):
+    return
+  try:
+    hf = hc.read_config_json(out)
+  except hc.HFCheckpointError:
+    hf = {}
+  if not hf.get('architectures'):
+    raise usage_exit(f'--out {out} exists and is not a HF model directory (no {hc.CONFIG} '
+                     'naming its architectures); give a new or empty directory')
+
+
+def check_model_path_given(source: str, workdir: str) -> None:
+  """Exits 2 when config.model.path is '' but the run in `workdir` recorded one (its
+  config.json): the model and tokenizer are built from it (else 'tokenizer file not found: ')."""
+  from rft_jax import jsonfile, runs  # pylint: disable=g-import-not-at-top
+  if source:
+    return
+  try:
+    recorded = jsonfile.read_object(os.path.join(workdir, runs.RUN_CONFIG))
+  except (OSError, ValueError):   # no record (or unreadable): checked later, as before
+    return
+  model = recorded.get('model')
+  started = model.get('path') if isinstance(model, dict) else None
+  if started and isinstance(started, str):
+    raise usage_exit(f"config.model.path='': the run in {workdir} was started with "
+                     f'--config.model.path={started} (its {runs.RUN_CONFIG}); give export the '
+                     '--config.a.b=v overrides the run was started with')
 
 
 def open_run_checkpoint(workdir: str, step: int | None):
@@ -134,17 +176,17 @@ def export(args) -> None:
   from rft_jax.models import hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
   from tools.export_base import load_config  # pylint: disable=g-import-not-at-top
   config = load_config(args.config, args.overrides)
-  try:
+  source = config.model.get('path', '')
+  check_hf_out(args.out, source)   # before anything is written: --out=model.path was overwritten
+  check_model_path_given(source, args.workdir)
+  try:   # the run's config.json: another recipe or model is named in one line
+    runs.check_workdir_config(config, args.workdir, advice='give export the recipe and the '
+                              '--config.a.b=v overrides the run was started with')
     c = components.build(config, data=False)   # the task's data is not needed to export
   except components.SetupError as e:
     raise usage_exit(str(e)) from None
   tx = ts.make_optimizer(config.optim)
   shardings = runs.state_shardings(c, tx)
-  try:   # the run's config.json: another recipe or model is named in one line
-    runs.check_workdir_config(config, args.workdir, advice='give export the recipe and the '
-                              '--config.a.b=v overrides the run was started with')
-  except components.SetupError as e:
-    raise usage_exit(str(e)) from None
   ckpt, step = open_run_checkpoint(args.workdir, args.step)
   try:
     with ckpt:   # closed however the restore ends (a failed one leaves orbax's logging muted)
@@ -152,7 +194,6 @@ def export(args) -> None:
   except ValueError as e:   # shapes of a run this config does not build (no config.json)
     raise usage_exit(f'checkpoint {step} in {args.workdir} does not fit this config '
                      f'({str(e).splitlines()[0]})') from None
-  source = config.model.get('path', '')
   architecture, extra = None, {}
   if source:
     hf = hc.read_config_json(source)
@@ -176,6 +217,7 @@ def convert(args) -> None:
   from rft_jax.parallel import mesh as meshlib  # pylint: disable=g-import-not-at-top
   check_out(args.out)   # before reading the weights: orbax's save replaces the whole --out
   cfg = hc.load_hf_config(args.hf_dir)
+  hc.check_readable(args.hf_dir)   # a shard missing or cut short: one line naming it
   mesh = meshlib.make_mesh({'data': 1, 'fsdp': -1, 'tensor': 1})
   _, abstract = functional.abstract_params(cfg)
   params = hc.load_hf_params(args.hf_dir, cfg, meshlib.param_shardings(abstract, mesh))

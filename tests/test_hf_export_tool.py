@@ -1,0 +1,122 @@
+"""tools.checkpoint export and convert on a run started from a HF checkpoint (model.path), with
+the mistakes a user makes: --out naming the source checkpoint (its weights were overwritten by
+the trained ones, then a SameFileError traceback), the run directory or another directory
+(written into), the run's --config.model.path left out (`tokenizer file not found: ` with an
+empty name), and a HF directory with a shard missing or cut short (convert: a traceback)."""
+import hashlib
+import os
+import re
+import shutil
+
+import pytest
+
+from rft_jax import api, checkpoint, components, runs
+from rft_jax.algorithms import train_state as ts
+from rft_jax.workdir_config import record_workdir_config
+from tools import checkpoint as tool
+import tokenizer_fixtures as fx
+
+FIELDS = dict(vocab_size=448, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=500000.0,
+              tie_word_embeddings=False, max_position_embeddings=512)
+OVERRIDES = [f'--config.model.{k}={v}' for k, v in FIELDS.items()] + [
+    '--config.init_from=', '--config.tokenizer.path=']
+
+
+@pytest.fixture(scope='module')
+def llama_run(tmp_path_factory):
+  """(HF llama dir saved sharded, a run dir with a checkpoint at step 1 started from it)."""
+  transformers = pytest.importorskip('transformers')
+  root = tmp_path_factory.mktemp('export')
+  model_dir = str(root / 'llama')
+  config = transformers.LlamaConfig(**{k: v for k, v in FIELDS.items() if k != 'head_dim'})
+  transformers.LlamaForCausalLM(config).save_pretrained(model_dir, max_shard_size='50KB')
+  fx.write_llama3_tokenizer(model_dir)
+  config = api.load_config('grpo_arith:tiny', {
+      **{f'model.{k}': v for k, v in FIELDS.items()}, 'model.path': model_dir,
+      'init_from': '', 'tokenizer.path': ''})
+  workdir = str(root / 'run')
+  c = components.build(config, data=False)
+  tx = ts.make_optimizer(config.optim)
+  state = runs.init_state(c.params, tx, runs.state_shardings(c, tx))
+  with checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints')) as ckpt:
+    ckpt.save(1, state, {'step': 1}, {})
+  record_workdir_config(config, workdir)
+  return model_dir, workdir
+
+
+def _digest(directory) -> dict:
+  """{file name: sha256} of the files at the top of `directory`."""
+  out = {}
+  for name in sorted(os.listdir(directory)):
+    if os.path.isfile(os.path.join(directory, name)):
+      with open(os.path.join(directory, name), 'rb') as f:
+        out[name] = hashlib.sha256(f.read()).hexdigest()
+  return out
+
+
+def _export(workdir, out, *overrides):
+  tool.main(['export', '--config', 'configs/grpo_arith.py:tiny', '--workdir', workdir,
+             '--out', str(out), *overrides])
+
+
+def _refused(capsys, call, pattern):
+  with pytest.raises(SystemExit) as info:
+    call()
+  err = capsys.readouterr().err
+  assert info.value.code == 2 and err.count('\n') == 1 and re.match(pattern, err), err
+
+
+def test_export_never_writes_into_the_source_checkpoint(llama_run, tmp_path, capsys):
+  model_dir, workdir = llama_run
+  before = _digest(model_dir)
+  _refused(capsys, lambda: _export(workdir, model_dir, f'--config.model.path={model_dir}',
+                                   *OVERRIDES),
+           r'error: --out .*llama is config.model.path')
+  link = tmp_path / 'link'   # the same directory by another name
+  link.symlink_to(model_dir)
+  _refused(capsys, lambda: _export(workdir, link, f'--config.model.path={model_dir}',
+                                   *OVERRIDES), r'error: --out .*link is config.model.path')
+  assert _digest(model_dir) == before
+
+
+def test_export_writes_only_into_a_new_empty_or_hf_directory(llama_run, tmp_path, capsys):
+  model_dir, workdir = llama_run
+  run_files = _digest(workdir)
+  args = (f'--config.model.path={model_dir}', *OVERRIDES)
+  _refused(capsys, lambda: _export(workdir, workdir, *args),
+           r'error: --out .*run exists and is not a HF model directory')
+  assert _digest(workdir) == run_files   # the run's own config.json was replaced
+  notes = tmp_path / 'notes'
+  notes.mkdir()
+  (notes / 'todo.txt').write_text('keep me')
+  _refused(capsys, lambda: _export(workdir, notes, *args),
+           r'error: --out .*notes exists and is not a HF model directory')
+  assert os.listdir(notes) == ['todo.txt']
+  _export(workdir, tmp_path / 'hf', *args)
+  _export(workdir, tmp_path / 'hf', *args)   # an earlier export: written again
+  (tmp_path / 'empty').mkdir()
+  _export(workdir, tmp_path / 'empty', *args)
+  assert _digest(tmp_path / 'empty') == _digest(tmp_path / 'hf')
+
+
+def test_export_names_the_model_path_the_run_was_started_with(llama_run, tmp_path, capsys):
+  model_dir, workdir = llama_run
+  _refused(capsys, lambda: _export(workdir, tmp_path / 'out', *OVERRIDES),
+           rf"error: config.model.path='': the run in {re.escape(workdir)} was started with "
+           rf'--config.model.path={re.escape(model_dir)} ')
+  assert not (tmp_path / 'out').exists()
+
+
+@pytest.mark.parametrize('damage', ['missing', 'truncated'])
+def test_convert_names_a_missing_or_damaged_shard(llama_run, tmp_path, capsys, damage):
+  model_dir = str(tmp_path / 'llama')
+  shutil.copytree(llama_run[0], model_dir)
+  shard = sorted(f for f in os.listdir(model_dir) if f.startswith('model-'))[1]
+  if damage == 'missing':
+    os.remove(os.path.join(model_dir, shard))
+  else:
+    os.truncate(os.path.join(model_dir, shard), 100)
+  _refused(capsys, lambda: tool.main(['convert', model_dir, '--out', str(tmp_path / 'o')]),
+           rf'error: {re.escape(os.path.join(model_dir, shard))}: cannot read its tensors')
+  assert not (tmp_path / 'o').exists()
