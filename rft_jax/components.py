@@ -198,14 +198,16 @@ def check_setup(config) -> None:
   if config.task.name == 'gsm8k':
     from rft_jax.data import gsm8k  # pylint: disable=g-import-not-at-top
     skip = config.task.get('bad_records', 'error') == 'skip'
+    _check_chat_template(config, tokenizer)
     try:
       test = gsm8k.read_split(config.task.manual_dir, 'test')
-      gsm8k.read_split(config.task.manual_dir, 'train', skipped=[] if skip else None)
+      train = gsm8k.read_split(config.task.manual_dir, 'train', skipped=[] if skip else None)
+      gsm8k.check_prompt_lengths(config.task, tokenizer, test[:config.eval.num_prompts],
+                                 None if skip else train)
     except (FileNotFoundError, ValueError) as e:
       raise SetupError(f'config.task.manual_dir: {e}') from None
     if config_rules.eval_size_error(config, len(test)):   # as eval_batch would at run time
       raise SetupError(str(config_rules.eval_size_error(config, len(test))))
-    _check_chat_template(config, tokenizer)
 
 
 def build(config, data: bool = True) -> Components:

@@ -154,3 +154,40 @@ def test_validate_only_reads_the_data_and_the_tokenizer(tmp_path):
                    '--validate_only')
   assert arith.returncode == 2 and arith.stderr.startswith(
       'error: config.model.vocab_size=16 is smaller than the tokenizer vocabulary'), arith.stderr
+
+
+def test_validate_only_finds_a_prompt_longer_than_max_prompt_len(tmp_path):
+  """--validate_only said 'config OK' and the run stopped at the step that drew the longest
+  train question (maybe hours in); now it names the record and the length to set. The eval
+  reads only the first eval.num_prompts test records, and bad_records='skip' leaves long train
+  records out: neither is refused for a prompt it never reads."""
+  model_dir = write_tiny_qwen2(str(tmp_path / 'tiny-qwen2'))
+  manual_dir = write_gsm8k(str(tmp_path / 'gsm8k'))
+  long_question = QUESTIONS[0][0] + ' And then in June she sold 7 more clips to her friends.'
+  with open(os.path.join(manual_dir, 'train.jsonl'), 'a') as f:   # line 5, record 4
+    f.write(json.dumps({'question': long_question, 'answer': 'Steps.\n#### 79'}) + '\n')
+  tok = load_tokenizer(model_dir)
+  from configs import grpo_gsm8k_qwen2  # pylint: disable=g-import-not-at-top
+  task = grpo_gsm8k_qwen2.get_config('tiny').task
+  fmt = pipeline.PromptFormat(chat=task.chat_template, instruction=task.instruction)
+  length = lambda q: len(tok.encode(fmt.render(q, tok)))   # Qwen2 has no BOS
+  longest, first_test = length(long_question), length(QUESTIONS[0][0])
+  assert longest > max(length(q) for q, _ in QUESTIONS) > first_test - 1
+  check = lambda max_len, *extra: run_main(
+      '--config', f'{RECIPE}:tiny', f'--config.model.path={model_dir}',
+      f'--config.task.manual_dir={manual_dir}', f'--config.task.max_prompt_len={max_len}',
+      *extra, *[f'--config.model.{k}={v}' for k, v in TINY.items()], '--validate_only')
+  ok = check(longest)
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  short = check(longest - 1)
+  assert short.returncode == 2 and short.stderr == (
+      f'error: config.task.manual_dir: {manual_dir}/train.jsonl line 5 (record 4): its prompt '
+      f'is {longest} tokens, more than config.task.max_prompt_len={longest - 1} (the longest '
+      f'prompt; set --config.task.max_prompt_len={longest})\n'), short.stderr
+  only_first = ('--config.task.bad_records=skip', '--config.eval.num_prompts=1')
+  skipped = check(first_test, *only_first)
+  assert skipped.returncode == 0, skipped.stderr[-2000:]
+  first = check(first_test - 1, *only_first)
+  assert first.returncode == 2 and first.stderr.startswith(
+      f'error: config.task.manual_dir: {manual_dir}/test.jsonl line 1 (record 0): its prompt '
+      f'is {first_test} tokens'), first.stderr

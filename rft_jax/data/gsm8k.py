@@ -175,6 +175,28 @@ def read_split(manual_dir: str, split: str,
   return records
 
 
+def check_prompt_lengths(task, tokenizer, test: list[dict], train: list[dict] | None) -> None:
+  """ValueError naming the record of the longest prompt (rendered as config `task` renders it,
+  pipeline.PromptFormat) when it is longer than task.max_prompt_len: the run stops at it, at
+  its first eval (test) or at the step that draws it (train, maybe hours in). `test`: the
+  records the eval reads; `train` None: not checked (bad_records='skip' leaves them out)."""
+  from rft_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  fmt = pipeline.PromptFormat(chat=task.get('chat_template', True),
+                              system_prompt=task.get('system_prompt', ''),
+                              instruction=task.get('instruction', ''))
+  longest, where = 0, ''
+  for split, records in (('test', test), ('train', train or [])):
+    path = split_path(task.manual_dir, split)
+    for record in records:
+      n = len(pipeline.prompt_ids(fmt.render(record['prompt'], tokenizer), tokenizer))
+      if n > longest:
+        longest, where = n, record_where(path, record['id'])
+  if longest > task.max_prompt_len:
+    raise ValueError(f'{where}: its prompt is {longest} tokens, more than config.task.'
+                     f'max_prompt_len={task.max_prompt_len} (the longest prompt; set '
+                     f'--config.task.max_prompt_len={longest})')
+
+
 def files_digest(manual_dir: str) -> str:
   """A short hash of both split files' bytes (names the prepared dataset)."""
   h = hashlib.sha256()

@@ -177,6 +177,15 @@ def _short(text: str, limit: int = 80) -> str:
   return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
+def prompt_ids(prompt: str, tokenizer: Tokenizer) -> list[int]:
+  """The ids the model reads for ``prompt``: BOS (if the tokenizer has one, and only one) then
+  its pieces, no EOS; len() is what ``max_prompt_len`` must hold."""
+  ids = tokenizer.encode(prompt)
+  if tokenizer.bos_id is not None and ids[:1] != [tokenizer.bos_id]:
+    ids = [tokenizer.bos_id] + ids
+  return ids
+
+
 def encode_prompt(record: Mapping[str, Any], tokenizer: Tokenizer,
                   max_prompt_len: int) -> dict[str, Any]:
   """Tokenises one normalised record's prompt, left-padded to ``P``.
@@ -189,9 +198,7 @@ def encode_prompt(record: Mapping[str, Any], tokenizer: Tokenizer,
   Raises:
     ValueError: BOS + prompt is longer than ``max_prompt_len``.
   """
-  ids = tokenizer.encode(record['prompt'])
-  if tokenizer.bos_id is not None and ids[:1] != [tokenizer.bos_id]:
-    ids = [tokenizer.bos_id] + ids
+  ids = prompt_ids(record['prompt'], tokenizer)
   if len(ids) > max_prompt_len:
     raise RecordError(
         int(record['id']), f"prompt {_short(record['prompt'])} is "
