@@ -120,3 +120,18 @@ def test_convert_names_a_missing_or_damaged_shard(llama_run, tmp_path, capsys, d
   _refused(capsys, lambda: tool.main(['convert', model_dir, '--out', str(tmp_path / 'o')]),
            rf'error: {re.escape(os.path.join(model_dir, shard))}: cannot read its tensors')
   assert not (tmp_path / 'o').exists()
+
+
+def test_inspect_a_run_directory_names_its_checkpoints(llama_run, capsys):
+  """`inspect RUN` read the run's config.json as a HF config ('loadable by rft_jax: no
+  (...model_type=None...)', then 'no model.safetensors'); RUN/checkpoints was 'neither a HF
+  model dir nor ...'. Both now name the step directories to inspect."""
+  workdir = llama_run[1]
+  steps = os.path.join(workdir, 'checkpoints')
+  for path, what in ((workdir, 'a run directory'),
+                     (steps, 'the checkpoints directory of a run')):
+    _refused(capsys, lambda p=path: tool.main(['inspect', p]),
+             rf'error: {re.escape(path)} is {what}; inspect one of its checkpoints, '
+             rf'{re.escape(os.path.join(steps, "STEP"))} \(steps there: 1\)$')
+  tool.main(['inspect', os.path.join(steps, '1')])
+  assert 'orbax pytree: ' in capsys.readouterr().out

@@ -6,7 +6,8 @@
       family, config, each tensor's shape and dtype, and the parameter count; for a HF dir
       whether rft_jax loads it (its config and every tensor's name and shape). Exits 1 with
       the reason as its last line (stderr) when rft_jax cannot load it, or a file cannot be
-      read (e.g. a truncated safetensors file).
+      read (e.g. a truncated safetensors file). A run directory (or its checkpoints/) is no
+      checkpoint: exit 2 naming its step directories.
   python -m tools.checkpoint export --config configs/X.py --workdir RUN --out DIR \
       [--step N] [--dtype bfloat16|float32] [--max-shard-gb 2] [--config.a.b=v ...]
       The params of RUN's latest (or --step) checkpoint as a HF dir that transformers and vLLM
@@ -110,6 +111,9 @@ def inspect(path: str) -> None:
   if not os.path.exists(path):
     where = '' if os.path.isabs(path) else f' (relative to {os.getcwd()})'
     raise usage_exit(f'{path} does not exist{where}')
+  hint = _run_dir_hint(path)
+  if hint:   # its config.json is the run's: it was read as a HF config ('model_type=None')
+    raise usage_exit(hint)
   if not os.path.isfile(os.path.join(path, hc.CONFIG)):
     return _inspect_orbax(path)
   from safetensors import safe_open  # pylint: disable=g-import-not-at-top
@@ -139,6 +143,27 @@ def inspect(path: str) -> None:
   print(f'{len(files)} tensors, {total:,} parameters, dtype on disk: {", ".join(sorted(dtypes))}')
   if problem is not None:   # the report above, then a non-zero exit with the reason
     raise SystemExit(f'error: not loadable by rft_jax: {problem}')
+
+
+def _run_dir_hint(path: str) -> str | None:
+  """For a run directory or its `checkpoints` directory (neither is a checkpoint): which
+  directories to inspect instead, else None."""
+  from rft_jax import workdir_config  # pylint: disable=g-import-not-at-top
+  if os.path.isfile(os.path.join(path, '_METADATA')):
+    return None
+  if os.path.basename(os.path.normpath(path)) == 'checkpoints':
+    directory, what = path, 'the checkpoints directory of a run'
+  elif (os.path.isfile(os.path.join(path, workdir_config.RUN_CONFIG))
+        and workdir_config.is_run_workdir(path)):   # (is_run_workdir: an empty dir too)
+    directory, what = os.path.join(path, 'checkpoints'), 'a run directory'
+  else:
+    return None
+  steps = sorted(int(n) for n in (os.listdir(directory) if os.path.isdir(directory) else [])
+                 if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
+  if not steps and directory == path:
+    return None
+  return (f'{path} is {what}; inspect one of its checkpoints, {os.path.join(directory, "STEP")}'
+          f' (steps there: {", ".join(map(str, steps)) or "none"})')
 
 
 def _inspect_orbax(path: str) -> None:
