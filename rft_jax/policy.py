@@ -64,10 +64,13 @@ def check_arg(fn: str, value, want: str) -> None:
 
 def load_policy(config, workdir: str | None = None, step: int | None = None) -> Policy:
   """The recipe's starting policy, or with `workdir` the params of that run's checkpoint `step`
-  (default: the latest verified one). Raises SetupError (bad files or mesh) or
-  FileNotFoundError (no checkpoint), one line each."""
+  (default: the latest verified one). Raises SetupError (bad files or mesh; a run of another
+  recipe or model than `config`) or FileNotFoundError (no checkpoint), one line each."""
   check_arg('load_policy', config, 'config')
-  from rft_jax import components  # pylint: disable=g-import-not-at-top
+  from rft_jax import components, workdir_config  # pylint: disable=g-import-not-at-top
+  if workdir is not None:   # another recipe's or model's run: its params were mixed in silently
+    workdir_config.check_workdir_config(config, workdir, advice=(
+        'pass the config the run was started with (api.open_run(workdir).policy reads it)'))
   c = components.build(config)
   if workdir is None:
     return Policy(config=config, components=c, params=c.params, step=0)
@@ -91,7 +94,8 @@ def load_policy(config, workdir: str | None = None, step: int | None = None) -> 
 
 
 def _restore_params(state_dir: str, like, shardings):
-  """Reads only `params` of a saved TrainState (not the optimizer state) onto `shardings`."""
+  """Reads only `params` of a saved TrainState (not the optimizer state) onto `shardings`;
+  SetupError when the checkpoint lacks one of them."""
   import jax  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   item = {'params': jax.tree.map(
@@ -99,7 +103,14 @@ def _restore_params(state_dir: str, like, shardings):
   args = ocp.args.PyTreeRestore(item=item, partial_restore=True,
                                 restore_args=ocp.checkpoint_utils.construct_restore_args(item))
   with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
-    return ckptr.restore(os.path.abspath(state_dir), args=args)['params']
+    params = ckptr.restore(os.path.abspath(state_dir), args=args)['params']
+  missing = [jax.tree_util.keystr(k, simple=True, separator='.') for k, leaf in
+             jax.tree_util.tree_leaves_with_path(params) if not isinstance(leaf, jax.Array)]
+  if missing:   # partial_restore leaves what the checkpoint lacks as the ShapeDtypeStruct asked
+    from rft_jax.components import SetupError  # pylint: disable=g-import-not-at-top
+    raise SetupError(f'{state_dir}: no param {missing[0]} ({len(missing)} missing): a checkpoint '
+                     'of another model than this config builds')
+  return params
 
 
 def completion_len(config) -> int:

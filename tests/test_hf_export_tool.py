@@ -2,7 +2,8 @@
 the mistakes a user makes: --out naming the source checkpoint (its weights were overwritten by
 the trained ones, then a SameFileError traceback), the run directory or another directory
 (written into), the run's --config.model.path left out (`tokenizer file not found: ` with an
-empty name), and a HF directory with a shard missing or cut short (convert: a traceback)."""
+empty name), and a HF directory with a shard missing or cut short (convert: a traceback).
+api.load_policy(config, workdir) of a run of another model: it mixed that run's params in."""
 import hashlib
 import os
 import re
@@ -135,3 +136,25 @@ def test_inspect_a_run_directory_names_its_checkpoints(llama_run, capsys):
              rf'{re.escape(os.path.join(steps, "STEP"))} \(steps there: 1\)$')
   tool.main(['inspect', os.path.join(steps, '1')])
   assert 'orbax pytree: ' in capsys.readouterr().out
+
+
+def test_load_policy_refuses_a_run_of_another_model(llama_run, tmp_path):
+  """A Qwen2-shaped config (q/k/v biases) given the Llama run: load_policy returned a Policy
+  of the run's tensors where the names matched and ShapeDtypeStructs for the biases."""
+  _, workdir = llama_run
+  qwen_like = api.load_config('grpo_arith:tiny', {
+      **{f'model.{k}': v for k, v in FIELDS.items()}, 'model.attention_bias': True,
+      'init_from': ''})   # random init, no model.path
+  with pytest.raises(components.SetupError, match=r'^config.model.attention_bias=True does not '
+                     r'match the run in .*: pass the config the run was started with'):
+    api.load_policy(qwen_like, workdir)
+  unrecorded = str(tmp_path / 'run')   # no config.json (an older run): the params are checked
+  shutil.copytree(workdir, unrecorded)
+  os.remove(os.path.join(unrecorded, 'config.json'))
+  with pytest.raises(components.SetupError, match=r'/checkpoints/1/state: no param layers.0.'
+                     r'self_attn.\w_proj.bias \(6 missing\): a checkpoint of another model'):
+    api.load_policy(qwen_like, unrecorded)
+  config = api.load_config('grpo_arith:tiny', {
+      **{f'model.{k}': v for k, v in FIELDS.items()}, 'model.path': llama_run[0],
+      'init_from': '', 'tokenizer.path': ''})
+  assert api.load_policy(config, unrecorded).step == 1   # its own model: loads
