@@ -5,6 +5,7 @@ the trained ones, then a SameFileError traceback), the run directory or another 
 empty name), and a HF directory with a shard missing or cut short (convert: a traceback).
 api.load_policy(config, workdir) of a run of another model: it mixed that run's params in."""
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -13,6 +14,7 @@ import pytest
 
 from rft_jax import api, checkpoint, components, runs
 from rft_jax.algorithms import train_state as ts
+from rft_jax.tokenizer import load_tokenizer
 from rft_jax.workdir_config import record_workdir_config
 from tools import checkpoint as tool
 import tokenizer_fixtures as fx
@@ -158,3 +160,28 @@ def test_load_policy_refuses_a_run_of_another_model(llama_run, tmp_path):
       **{f'model.{k}': v for k, v in FIELDS.items()}, 'model.path': llama_run[0],
       'init_from': '', 'tokenizer.path': ''})
   assert api.load_policy(config, unrecorded).step == 1   # its own model: loads
+
+
+def test_export_carries_the_tokenizer_the_run_used(llama_run, tmp_path):
+  """A base checkpoint trained with its family's instruct tokenizer (tokenizer.path, another EOS
+  and chat template, the same vocabulary: README) was exported with model.path's tokenizer and
+  generation files: served, it neither stopped at the EOS it was trained to emit nor had its
+  chat template."""
+  model_dir, workdir = llama_run
+  instruct = fx.write_llama3_tokenizer(str(tmp_path / 'instruct'))
+  with open(os.path.join(instruct, 'tokenizer_config.json')) as f:
+    tokenizer_config = json.load(f)
+  tokenizer_config['chat_template'] += '{#- the instruct template #}'
+  with open(os.path.join(instruct, 'tokenizer_config.json'), 'w') as f:
+    json.dump(tokenizer_config, f)
+  eot = load_tokenizer(instruct).encode('<|eot_id|>')
+  with open(os.path.join(instruct, 'generation_config.json'), 'w') as f:
+    json.dump({'eos_token_id': eot}, f)   # <|eot_id|> alone (model.path's: two ids)
+  out = tmp_path / 'out'
+  _export(workdir, out, f'--config.model.path={model_dir}', *OVERRIDES,
+          f'--config.tokenizer.path={instruct}')
+  for name in ('tokenizer_config.json', 'generation_config.json', 'tokenizer.json'):
+    assert _digest(out)[name] == _digest(instruct)[name], name
+  assert _digest(model_dir)['generation_config.json'] != _digest(instruct)[
+      'generation_config.json']
+

@@ -12,9 +12,10 @@
       [--step N] [--dtype bfloat16|float32] [--max-shard-gb 2] [--config.a.b=v ...]
       The params of RUN's latest (or --step) checkpoint as a HF dir that transformers and vLLM
       load. With config.model.path set, the family, token ids and the tokenizer / generation
-      files of that source dir are carried over. Give the `--config.a.b=v` overrides the run was
-      started with (e.g. --config.model.path=...): the model is built from the config. --out
-      must be new, empty or a HF model dir (an earlier export), and not config.model.path.
+      files of that source dir are carried over (the files of a tokenizer.path dir win). Give
+      the `--config.a.b=v` overrides the run was started with (e.g. --config.model.path=...):
+      the model is built from the config. --out must be new, empty or a HF model dir (an
+      earlier export), and not config.model.path.
   python -m tools.checkpoint convert HF_DIR --out DIR
       A HF dir's params as an orbax params dir (for `init_from`, with model.path = HF_DIR).
 
@@ -226,13 +227,18 @@ def export(args) -> None:
   files = hc.save_hf(args.out, state.params, c.model_cfg, dtype=args.dtype,
                      max_shard_bytes=int(args.max_shard_gb * 2**30), architecture=architecture,
                      extra_config=extra)
-  if source:   # tokenizer and generation files, so the directory is complete for serving
-    for name in sorted(os.listdir(source)):
-      src = os.path.join(source, name)
+  tokenizer_dir = os.path.expanduser(config.tokenizer.path)
+  # tokenizer and generation files, so the directory is complete for serving: model.path's,
+  # then those of the tokenizer the run used (tokenizer.path, e.g. a base checkpoint's instruct
+  # tokenizer: its chat template and EOS ids are the ones the policy was trained to emit)
+  for directory in (source, tokenizer_dir if os.path.isdir(tokenizer_dir) else ''):
+    for name in sorted(os.listdir(directory) if directory else []):
+      src = os.path.join(directory, name)
       if os.path.isfile(src) and name not in (hc.CONFIG, hc.INDEX) and not name.endswith(
           ('.safetensors', '.bin', '.pt', '.pth')):
         shutil.copy(src, os.path.join(args.out, name))
-        files.append(name)
+        if name not in files:
+          files.append(name)
   print(f'wrote step {step} of {args.workdir} to {args.out}: {", ".join(files)}')
 
 
