@@ -322,9 +322,8 @@ def load_task(config, tokenizer, skipped: list[str] | None = None):
   if skipped is not None:
     skipped.extend(left_out)
   splits = _readable([gsm8k.data_source(builder, s) for s in ('train', 'test')], task)
-  chat = _check_chat_template(config, tokenizer)
-  fmt = pipeline.PromptFormat(chat=chat, system_prompt=task.get('system_prompt', ''),
-                              instruction=task.get('instruction', ''))
+  _check_chat_template(config, tokenizer)
+  fmt = pipeline.PromptFormat.of_task(task)
   return tuple(pipeline.formatted(s, tokenizer, fmt) for s in splits)
 
 

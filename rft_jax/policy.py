@@ -121,18 +121,6 @@ def completion_len(config) -> int:
   return section.answer_len
 
 
-def _prompt_format(config):
-  """How the task turns a question into model input (GSM8K: chat template + instruction), as
-  rft_jax.components.load_task renders the training prompts."""
-  from rft_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  task = config.task
-  if task.name != 'gsm8k':
-    return pipeline.PromptFormat()
-  return pipeline.PromptFormat(chat=task.get('chat_template', True),
-                               system_prompt=task.get('system_prompt', ''),
-                               instruction=task.get('instruction', ''))
-
-
 def sample(policy: Policy, prompts: Sequence[str], *, n: int = 1, temperature: float = 1.0,
            max_new_tokens: int | None = None, top_k: int = 0, top_p: float = 1.0,
            seed: int = 0) -> list[list[str]]:
@@ -158,7 +146,7 @@ def sample(policy: Policy, prompts: Sequence[str], *, n: int = 1, temperature: f
   from rft_jax.sampling import sampler as samplerlib  # pylint: disable=g-import-not-at-top
   from rft_jax.sampling.text import decode_completions  # pylint: disable=g-import-not-at-top
   c, config = policy.components, policy.config
-  fmt, p_len = _prompt_format(config), config.task.max_prompt_len
+  fmt, p_len = pipeline.PromptFormat.of_task(config.task), config.task.max_prompt_len
   rows = []
   for i, prompt in enumerate(prompts):
     record = {'id': i, 'prompt': fmt.render(prompt, c.tokenizer), 'answer': ''}

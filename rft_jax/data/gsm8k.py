@@ -181,9 +181,7 @@ def check_prompt_lengths(task, tokenizer, test: list[dict], train: list[dict] | 
   its first eval (test) or at the step that draws it (train, maybe hours in). `test`: the
   records the eval reads; `train` None: not checked (bad_records='skip' leaves them out)."""
   from rft_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  fmt = pipeline.PromptFormat(chat=task.get('chat_template', True),
-                              system_prompt=task.get('system_prompt', ''),
-                              instruction=task.get('instruction', ''))
+  fmt = pipeline.PromptFormat.of_task(task)
   longest, where = 0, ''
   for split, records in (('test', test), ('train', train or [])):
     path = split_path(task.manual_dir, split)

@@ -139,6 +139,15 @@ class PromptFormat:
   system_prompt: str = ''
   instruction: str = ''
 
+  @classmethod
+  def of_task(cls, task) -> 'PromptFormat':
+    """config.task's format: GSM8K's task.chat_template, system_prompt and instruction; the
+    plain question for other tasks."""
+    if task.name != 'gsm8k':
+      return cls()
+    return cls(chat=task.get('chat_template', True), system_prompt=task.get('system_prompt', ''),
+               instruction=task.get('instruction', ''))
+
   def render(self, question: str, tokenizer: Tokenizer) -> str:
     user = f'{question}\n{self.instruction}' if self.instruction else question
     if not self.chat:
