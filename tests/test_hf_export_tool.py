@@ -185,3 +185,31 @@ def test_export_carries_the_tokenizer_the_run_used(llama_run, tmp_path):
   assert _digest(model_dir)['generation_config.json'] != _digest(instruct)[
       'generation_config.json']
 
+
+
+def test_a_shard_without_the_tensor_its_index_places_there_is_one_line(llama_run, tmp_path,
+                                                                      capsys):
+  """Shards of two downloads mixed: the index places a tensor in a shard that does not hold it.
+  inspect, convert and --validate_only (check_readable) ended in a SafetensorError traceback
+  ('File does not contain tensor ...'); now one line naming the shard and the tensor."""
+  model_dir = str(tmp_path / 'llama')
+  shutil.copytree(llama_run[0], model_dir)
+  index = os.path.join(model_dir, 'model.safetensors.index.json')
+  with open(index) as f:
+    weight_map = json.load(f)
+  placed = weight_map['weight_map']
+  wrong = next(f for f in sorted(set(placed.values())) if f != placed['model.norm.weight'])
+  placed['model.norm.weight'] = wrong
+  with open(index, 'w') as f:
+    json.dump(weight_map, f)
+  message = (f'{os.path.join(model_dir, wrong)}: holds no tensor model.norm.weight (1 absent), '
+             'which model.safetensors.index.json places there')
+  with pytest.raises(SystemExit, match=f'^error: {re.escape(message)}'):
+    tool.main(['inspect', model_dir])   # exit 1: the verdict, not bad input
+  _refused(capsys, lambda: tool.main(['convert', model_dir, '--out', str(tmp_path / 'o')]),
+           f'error: {re.escape(message)}')
+  config = api.load_config('grpo_arith:tiny', {
+      **{f'model.{k}': v for k, v in FIELDS.items()}, 'model.path': model_dir,
+      'init_from': '', 'tokenizer.path': ''})
+  with pytest.raises(components.SetupError, match=f'^config.model.path: {re.escape(message)}'):
+    api.validate(config)

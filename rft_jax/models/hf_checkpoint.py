@@ -78,20 +78,24 @@ def weight_map(model_dir: str) -> dict[str, str]:
 
 def check_readable(model_dir: str) -> None:
   """Opens every safetensors file of `model_dir` (the index's shards, else the single file; the
-  headers only): HFCheckpointError naming the first that is missing, truncated or damaged."""
+  headers only): HFCheckpointError naming the first that is missing, truncated or damaged, or
+  a shard without a tensor the index places in it (shards of two downloads mixed)."""
   single = os.path.join(model_dir, SINGLE)
-  if os.path.isfile(os.path.join(model_dir, INDEX)):
-    files = sorted(set(weight_map(model_dir).values()))
-  else:
-    files = [single] if os.path.isfile(single) else []   # neither: weight_map says so
+  placed = weight_map(model_dir) if os.path.isfile(os.path.join(model_dir, INDEX)) else {}
+  files = sorted(set(placed.values())) if placed else (
+      [single] if os.path.isfile(single) else [])   # neither: weight_map says so
   for file in files:
     try:
-      with safe_open(file, framework='np'):
-        pass
+      with safe_open(file, framework='np') as f:
+        held = set(f.keys())
     except Exception as e:  # pylint: disable=broad-except  (OSError or SafetensorError)
       lines = str(e).strip().splitlines()
       reason = f'{type(e).__name__}: {lines[-1]}' if lines else type(e).__name__
       raise HFCheckpointError(f'{file}: cannot read its tensors ({reason})') from None
+    absent = sorted(name for name, where in placed.items() if where == file and name not in held)
+    if absent:
+      raise HFCheckpointError(f'{file}: holds no tensor {absent[0]} ({len(absent)} absent), '
+                              f'which {INDEX} places there (shards of another download?)')
 
 
 def check_tensors(model_dir: str, model_cfg: ModelConfig) -> dict[str, str]:
