@@ -75,12 +75,18 @@ def test_export_never_writes_into_the_source_checkpoint(llama_run, tmp_path, cap
   before = _digest(model_dir)
   _refused(capsys, lambda: _export(workdir, model_dir, f'--config.model.path={model_dir}',
                                    *OVERRIDES),
-           r'error: --out .*llama is config.model.path')
+           r'error: --out .*llama is config.model.path, a directory the run reads')
   link = tmp_path / 'link'   # the same directory by another name
   link.symlink_to(model_dir)
   _refused(capsys, lambda: _export(workdir, link, f'--config.model.path={model_dir}',
                                    *OVERRIDES), r'error: --out .*link is config.model.path')
   assert _digest(model_dir) == before
+  instruct = str(tmp_path / 'instruct')   # the tokenizer.path of a run: another checkpoint
+  shutil.copytree(model_dir, instruct)
+  _refused(capsys, lambda: _export(workdir, instruct, f'--config.model.path={model_dir}',
+                                   *OVERRIDES, f'--config.tokenizer.path={instruct}'),
+           r'error: --out .*instruct is config.tokenizer.path')
+  assert _digest(instruct) == before
 
 
 def test_export_writes_only_into_a_new_empty_or_hf_directory(llama_run, tmp_path, capsys):

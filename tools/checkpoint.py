@@ -45,18 +45,22 @@ def check_out(out: str) -> None:
     raise usage_exit(f'--out {e}') from None
 
 
-def check_hf_out(out: str, source: str) -> None:
+def check_hf_out(out: str, config) -> None:
   """Exits 2 unless export may write a HF directory into --out: new, empty, or a HF model
-  directory (config.json naming `architectures`, as an earlier export), and not `source`
-  (config.model.path: its weights and config.json would be replaced by the trained ones)."""
+  directory (config.json naming `architectures`, as an earlier export), and not one the run
+  reads (config.model.path, a tokenizer.path checkpoint: its weights and config.json would be
+  replaced by the trained ones)."""
   from rft_jax.models import hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
   if not os.path.lexists(out):
     return
   if not os.path.isdir(out):
     raise usage_exit(f'--out {out} exists and is not a directory')
-  if source and os.path.isdir(source) and os.path.samefile(out, source):
-    raise usage_exit(f'--out {out} is config.model.path, the checkpoint the run started from: '
-                     'exporting there would replace its weights; give a new directory')
+  for key in ('model.path', 'tokenizer.path'):
+    section, name = key.split('.')
+    read = os.path.expanduser(config[section].get(name, ''))
+    if read and os.path.isdir(read) and os.path.samefile(out, read):
+      raise usage_exit(f'--out {out} is config.{key}, a directory the run reads: exporting '
+                       'there would replace its files; give a new directory')
   if not os.listdir(out):
     return
   try:
@@ -203,7 +207,7 @@ def export(args) -> None:
   from tools.export_base import load_config  # pylint: disable=g-import-not-at-top
   config = load_config(args.config, args.overrides)
   source = config.model.get('path', '')
-  check_hf_out(args.out, source)   # before anything is written: --out=model.path was overwritten
+  check_hf_out(args.out, config)   # before anything is written: --out=model.path was overwritten
   check_model_path_given(source, args.workdir)
   try:   # the run's config.json: another recipe or model is named in one line
     runs.check_workdir_config(config, args.workdir, advice='give export the recipe and the '
