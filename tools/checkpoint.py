@@ -15,7 +15,7 @@
       files of that source dir are carried over (the files of a tokenizer.path dir win). Give
       the `--config.a.b=v` overrides the run was started with (e.g. --config.model.path=...):
       the model is built from the config. --out must be new, empty or a HF model dir (an
-      earlier export), and not config.model.path.
+      earlier export), and not one the run reads (config.model.path, tokenizer.path).
   python -m tools.checkpoint convert HF_DIR --out DIR
       A HF dir's params as an orbax params dir (for `init_from`, with model.path = HF_DIR).
 
