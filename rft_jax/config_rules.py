@@ -14,6 +14,7 @@ from rft_jax.config_schema import (
     CRITIC_ADVANTAGES, CRITIC_MODES, DPO_LOSS_TYPES, DPO_MODES, DPO_OFFLINE_KEYS,
     DPO_PAIR_SOURCES, DTYPES, DUAL_CLIP_LOSSES, DYNAMIC_SAMPLING_METRICS, GROUP_FREE_ADVANTAGES,
     KL_CTRLS, KL_ESTIMATORS, OVERLONG_MODES, SCHEMA, ConfigError, did_you_mean, lookup)
+from rft_jax.hf_hub import snapshot_hint
 
 
 def is_online_dpo(config: ml_collections.ConfigDict) -> bool:
@@ -151,7 +152,8 @@ def check_model(config: ml_collections.ConfigDict) -> None:
   path = model.get('path', '')
   if path and not os.path.isfile(os.path.join(path, 'config.json')):
     raise ConfigError('model.path', f'not a HF model directory with a config.json (relative to '
-                      f"{os.getcwd()}); '' = the model config.model describes", path)
+                      f"{os.getcwd()}); '' = the model config.model describes"
+                      + snapshot_hint(path), path)
 
 
 def check_train(config: ml_collections.ConfigDict) -> None:

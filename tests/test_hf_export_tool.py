@@ -219,3 +219,21 @@ def test_a_shard_without_the_tensor_its_index_places_there_is_one_line(llama_run
       'init_from': '', 'tokenizer.path': ''})
   with pytest.raises(components.SetupError, match=f'^config.model.path: {re.escape(message)}'):
     api.validate(config)
+
+
+def test_a_hub_cache_entry_names_its_snapshot(llama_run, tmp_path, capsys):
+  """`huggingface-cli download` without --local-dir: model.path given as the cache entry
+  (models--ORG--NAME, no config.json of its own) was 'not a HF model directory' with no word of
+  the snapshot directory that holds the model."""
+  entry = tmp_path / 'models--meta-llama--tiny'
+  snapshot = entry / 'snapshots' / 'abc123'
+  shutil.copytree(llama_run[0], snapshot)
+  (entry / 'refs').mkdir()
+  (entry / 'refs' / 'main').write_text('abc123')
+  hint = f'; it is a Hugging Face hub cache entry: use {snapshot}'
+  with pytest.raises(api.ConfigError, match=re.escape(hint)):
+    api.load_config('grpo_arith:tiny', {**{f'model.{k}': v for k, v in FIELDS.items()},
+                                        'model.path': str(entry), 'init_from': ''})
+  _refused(capsys, lambda: tool.main(['inspect', str(entry)]), f'error: .*{re.escape(hint)}$')
+  _refused(capsys, lambda: tool.main(['convert', str(entry), '--out', str(tmp_path / 'o')]),
+           f'error: .*config.json: not found .*{re.escape(hint)}$')

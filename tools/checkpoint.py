@@ -178,8 +178,10 @@ def _inspect_orbax(path: str) -> None:
   if os.path.isfile(os.path.join(path, 'state', '_METADATA')):
     path = os.path.join(path, 'state')   # a run's checkpoint step: its train state
   if not os.path.isfile(os.path.join(path, '_METADATA')):
+    from rft_jax.hf_hub import snapshot_hint  # pylint: disable=g-import-not-at-top
     raise usage_exit(f'{path} is neither a HF model dir (config.json) nor an orbax pytree '
-                     'dir (_METADATA), nor a run checkpoint step (state/_METADATA)')
+                     'dir (_METADATA), nor a run checkpoint step (state/_METADATA)'
+                     + snapshot_hint(path))
   # orbax warns (absl) that an item dir has no step metadata: its logger's own level, put back
   # after (set_verbosity set it, NOTSET by default, to WARNING: a notebook's INFO lines lost)
   absl_logger = logging.get_absl_logger()

@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from rft_jax import jsonfile
+from rft_jax.hf_hub import snapshot_hint
 from rft_jax.models.llama import ModelConfig
 
 FAMILIES = {'LlamaForCausalLM': 'llama', 'Qwen2ForCausalLM': 'qwen2',
@@ -35,7 +36,8 @@ def _fail(path: str, field: str, value: Any, reason: str):
 def read_config_json(model_dir: str) -> dict:
   path = os.path.join(model_dir, CONFIG)
   if not os.path.isfile(path):
-    raise HFCheckpointError(f'{path}: not found (a HF model directory needs config.json)')
+    raise HFCheckpointError(f'{path}: not found (a HF model directory needs config.json)'
+                            + snapshot_hint(model_dir))
   try:
     return jsonfile.read_object(path)
   except ValueError as e:   # not JSON, not UTF-8, not an object
