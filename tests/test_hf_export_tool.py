@@ -107,6 +107,11 @@ def test_export_writes_only_into_a_new_empty_or_hf_directory(llama_run, tmp_path
   (tmp_path / 'empty').mkdir()
   _export(workdir, tmp_path / 'empty', *args)
   assert _digest(tmp_path / 'empty') == _digest(tmp_path / 'hf')
+  died = tmp_path / 'died'   # an export killed while writing its shards: no config.json yet
+  died.mkdir()
+  (died / '.shard0.tmp').write_bytes(b'partial')
+  _export(workdir, died, *args)
+  assert _digest(died) == _digest(tmp_path / 'hf')
 
 
 def test_export_names_the_model_path_the_run_was_started_with(llama_run, tmp_path, capsys):

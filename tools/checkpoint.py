@@ -61,8 +61,9 @@ def check_hf_out(out: str, config) -> None:
     if read and os.path.isdir(read) and os.path.samefile(out, read):
       raise usage_exit(f'--out {out} is config.{key}, a directory the run reads: exporting '
                        'there would replace its files; give a new directory')
-  if not os.listdir(out):
-    return
+  names = os.listdir(out)
+  if all(n.startswith('.shard') and n.endswith('.tmp') for n in names):
+    return   # empty, or the temporary shards of an export that died before its config.json
   try:
     hf = hc.read_config_json(out)
   except hc.HFCheckpointError:
