@@ -56,8 +56,7 @@ def model_config(config) -> ModelConfig:
   With a path, config.model still states the architecture (the schema needs every key, and the
   recipe then documents what it trains): each field must equal config.json's, except dtype,
   which overrides the checkpoint's compute dtype, and max_position_embeddings, which may be
-  smaller. Fields only config.json has (rope_scaling, sliding_window) come from there.
-  """
+  smaller. Fields only config.json has (rope_scaling, sliding_window) come from there."""
   path = config.model.get('path', '')
   run_time = dict(remat=config.model.get('remat', 'none'),   # options, not architecture:
                   scan_layers=config.model.get('scan_layers', False))   # see ModelConfig
@@ -82,10 +81,13 @@ def model_config(config) -> ModelConfig:
   return dataclasses.replace(hf, dtype=config.model.dtype, **run_time)
 
 
-def _check_vocab(tokenizer, model_cfg: ModelConfig) -> None:
-  if tokenizer.vocab_size > model_cfg.vocab_size:
-    raise SetupError(f'config.model.vocab_size={model_cfg.vocab_size} is smaller than the '
-                     f'tokenizer vocabulary ({tokenizer.vocab_size}, {tokenizer.path})')
+def _check_vocab(tokenizer, model_cfg: ModelConfig, config) -> None:
+  if tokenizer.vocab_size > model_cfg.vocab_size:   # with model.path, the checkpoint's vocab_size
+    where, path = f'tokenizer vocabulary ({tokenizer.vocab_size}, {tokenizer.path})', config.model
+    raise SetupError(f"config.model.path={path.path}: its config.json's vocab_size="
+                     f"{model_cfg.vocab_size} is smaller than the {where}: not its tokenizer"
+                     if path.get('path', '') else f'config.model.vocab_size={model_cfg.vocab_size} '
+                     f'is smaller than the {where}')
 
 
 def _check_chat_template(config, tokenizer) -> bool:
@@ -190,7 +192,7 @@ def check_setup(config) -> None:
     except hf_checkpoint.HFCheckpointError as e:
       raise SetupError(f'config.model.path: {e}') from None
   tokenizer = _load_tokenizer(config)
-  _check_vocab(tokenizer, model_cfg)   # before init_from's shapes, as build: the cause first
+  _check_vocab(tokenizer, model_cfg, config)   # before init_from's shapes, as build: cause first
   if config.init_from:
     from rft_jax import checkpoint  # pylint: disable=g-import-not-at-top
     with _init_from_errors(config):
@@ -220,7 +222,7 @@ def build(config, data: bool = True) -> Components:
     raise SetupError(str(e)) from None
   tokenizer = _load_tokenizer(config)
   model_cfg = model_config(config)
-  _check_vocab(tokenizer, model_cfg)
+  _check_vocab(tokenizer, model_cfg, config)
   try:   # before anything is placed: a clear line instead of a device_put shape error
     meshlib.check_model_fits_mesh(model_cfg, mesh)
   except meshlib.MeshError as e:
@@ -300,8 +302,7 @@ def load_task(config, tokenizer, skipped: list[str] | None = None):
   questions through the tokenizer's chat template (pipeline.PromptFormat); with
   task.bad_records='skip' its malformed train lines are left out, their reasons appended to
   `skipped`."""
-  # pylint: disable-next=g-import-not-at-top
-  from rft_jax.data import arith, gsm8k, pipeline
+  from rft_jax.data import arith, gsm8k, pipeline  # pylint: disable=g-import-not-at-top
   task = config.task
   if task.name == 'arith':
     try:
@@ -323,8 +324,8 @@ def load_task(config, tokenizer, skipped: list[str] | None = None):
     skipped.extend(left_out)
   splits = _readable([gsm8k.data_source(builder, s) for s in ('train', 'test')], task)
   _check_chat_template(config, tokenizer)
-  fmt = pipeline.PromptFormat.of_task(task)
-  return tuple(pipeline.formatted(s, tokenizer, fmt) for s in splits)
+  return tuple(pipeline.formatted(s, tokenizer, pipeline.PromptFormat.of_task(task))
+               for s in splits)
 
 
 def _readable(splits, task):

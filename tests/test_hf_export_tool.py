@@ -242,3 +242,22 @@ def test_a_hub_cache_entry_names_its_snapshot(llama_run, tmp_path, capsys):
   _refused(capsys, lambda: tool.main(['inspect', str(entry)]), f'error: .*{re.escape(hint)}$')
   _refused(capsys, lambda: tool.main(['convert', str(entry), '--out', str(tmp_path / 'o')]),
            f'error: .*config.json: not found .*{re.escape(hint)}$')
+
+
+def test_a_tokenizer_larger_than_the_checkpoint_is_not_its_tokenizer(llama_run, tmp_path):
+  """A checkpoint whose tokenizer has more tokens than its config.json's vocab_size: the error
+  said 'config.model.vocab_size=N is smaller than the tokenizer vocabulary', and raising it as
+  told then failed on 'does not match config.json' (the checkpoint's embedding is fixed)."""
+  model_dir, _ = llama_run
+  small = {**FIELDS, 'vocab_size': 300}   # the tokenizer of the llama fixture has 425 tokens
+  other = str(tmp_path / 'other')
+  transformers = pytest.importorskip('transformers')
+  config = transformers.LlamaConfig(**{k: v for k, v in small.items() if k != 'head_dim'})
+  transformers.LlamaForCausalLM(config).save_pretrained(other)
+  config = api.load_config('grpo_arith:tiny', {
+      **{f'model.{k}': v for k, v in small.items()}, 'model.path': other, 'init_from': '',
+      'tokenizer.path': model_dir})
+  with pytest.raises(components.SetupError, match=(
+      rf"^config.model.path={re.escape(other)}: its config.json's vocab_size=300 is smaller "
+      rf"than the tokenizer vocabulary \(425, {re.escape(model_dir)}\): not its tokenizer$")):
+    api.validate(config)
