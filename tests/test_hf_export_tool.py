@@ -1,9 +1,11 @@
-"""tools.checkpoint export and convert on a run started from a HF checkpoint (model.path), with
-the mistakes a user makes: --out naming the source checkpoint (its weights were overwritten by
-the trained ones, then a SameFileError traceback), the run directory or another directory
-(written into), the run's --config.model.path left out (`tokenizer file not found: ` with an
-empty name), and a HF directory with a shard missing or cut short (convert: a traceback).
-api.load_policy(config, workdir) of a run of another model: it mixed that run's params in."""
+"""A HF checkpoint (model.path) through tools.checkpoint (inspect, export, convert) and
+api.load_policy / validate, with the mistakes a user makes: --out naming the source checkpoint
+(its weights were overwritten by the trained ones, then a SameFileError traceback), the run
+directory or another directory (written into); the run's --config.model.path left out
+(`tokenizer file not found: ` with an empty name); a run trained with another tokenizer.path
+(its files were not exported); a shard missing, cut short or not holding what the index says
+(tracebacks); `inspect RUN`; a hub cache entry as model.path; a tokenizer larger than the
+checkpoint; api.load_policy(config, workdir) of a run of another model (its params mixed in)."""
 import hashlib
 import json
 import os
