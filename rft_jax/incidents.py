@@ -208,7 +208,7 @@ def streak_incident(step: int, streak: int, limit: int) -> dict:
   s, score = SKIPPED_STREAK, streak / limit
   return monlib.incident(s, step, step - streak + 1, score,
                          [{'signal': s.conditions[0].signal, 'direction': 'up', 'score': score,
-                           'value': float(streak)}])
+                           'value': float(streak), 'limit': float(limit)}])
 
 
 def handle_streak(streak: int, limit: int, step: int, remediator: Remediator, hooks,

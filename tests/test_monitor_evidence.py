@@ -82,3 +82,31 @@ def test_a_gate_logged_without_its_limit_reads_without_it():
   old = {'signal': 'entropy', 'direction': 'not_up', 'score': 0.12, 'value': 0.2,
          'baseline': 0.1}
   assert sinks.evidence_text(old) == 'entropy not up (up-score 0.12)'
+
+
+def out_of_range_incident(frac: float) -> dict:
+  """The reward_out_of_range incident of a trace whose last step has `frac` of its rewards
+  outside the verifiers' range (the reward_scale fault at step 4)."""
+  trace = {'reward/mean': np.float32([0.5, 0.52, 0.5, 50.0]),
+           'invariant/reward_out_of_range': np.float32([0, 0, 0, frac])}
+  al = jax.device_get(_alarms(trace, CFG4))
+  found = incidents_from_alarms(jax.tree.map(lambda a: a[3], al), step=4)
+  assert [i['signature'] for i in found] == ['reward_out_of_range'], found
+  return found[0]
+
+
+def test_an_exact_check_reads_as_its_value_and_limit_not_its_fixed_score():
+  # The console said 'invariant/reward_out_of_range up 100' whatever share of the rewards was
+  # out of range: 100 is monitor.invariant_score, the score of every violated exact check.
+  incident = out_of_range_incident(0.25)
+  item = incident['evidence'][0]
+  assert item['value'] == pytest.approx(0.25) and item['limit'] == 0.0
+  line = sinks.describe_incident(4, incident)
+  assert 'invariant/reward_out_of_range 0.25 (limit 0)' in line and 'up 100' not in line, line
+  replayed = monitor_replay.format_incident(incident)
+  assert replayed.endswith('evidence: invariant/reward_out_of_range 0.25 (limit 0)'), replayed
+
+
+def test_a_skipped_streak_reads_as_its_length_and_limit():
+  incident = incidents_lib.streak_incident(step=9, streak=5, limit=5)
+  assert 'invariant/nonfinite 5 (limit 5)' in sinks.describe_incident(9, incident)

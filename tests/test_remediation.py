@@ -326,7 +326,7 @@ def test_a_streak_of_skipped_steps_is_an_incident_that_auto_restores_from_before
   assert [e['action'] for e in log.entries if e['kind'] == 'action'] == ['restore_and_lower_lr']
   assert describe_incident(9, found[0]).startswith(
       'step 9: INCIDENT nan_loss (skipped_streak) [critical] since step 5, score 1 '
-      '(invariant/nonfinite up 1)')
+      '(invariant/nonfinite 5 (limit 5))')
   assert incidents.handle_streak(5, 5, 9, r, Hook(), log) is None   # during the watch
   feed_health(r, range(5, 9), None)
   assert incidents.handle_streak(6, 5, 12, r, Hook(), log) is None  # out of restores

@@ -118,20 +118,18 @@ def _as_float(value: Any) -> float:
 
 
 def _evidence_text(evidence: Sequence[Mapping[str, Any]]) -> str:
-  """The top evidence signals as 'name direction score', highest score first, then the
-  signature's 'not_up' gates in the console's words (sinks.evidence_text: 'name not up
-  (up-score 0.38 < 0.5)', the test the gate passed)."""
+  """The top evidence signals in the console's words (sinks.evidence_text), highest score
+  first: 'name direction score', an exact check 'invariant/name value (limit L)'; then the
+  signature's 'not_up' gates ('name not up (up-score 0.38 < 0.5)', the test the gate passed)."""
   items, gates = [], []
   for item in evidence:
     if item.get('direction') == 'not_up':  # a gate, not evidence of the fault: after it
       gates.append(sinks.evidence_text(item))
       continue
     score = item.get('score')
-    items.append((item.get('signal', '?'), item.get('direction', ''),
-                  score if isinstance(score, (int, float)) else 0.0))
-  items.sort(key=lambda it: -it[2])
-  return ', '.join([f'{name} {direction} {score:.3g}' for name, direction, score
-                    in items[:_TOP_EVIDENCE]] + gates)
+    items.append((score if isinstance(score, (int, float)) else 0.0, sinks.evidence_text(item)))
+  items.sort(key=lambda it: -it[0])
+  return ', '.join([text for _, text in items[:_TOP_EVIDENCE]] + gates)
 
 
 def format_incident(incident: Mapping[str, Any]) -> str:

@@ -182,7 +182,9 @@ def incidents_from_alarms(alarms: Alarms, step: int) -> list[dict]:
 
   `step` is the caller's step number for this update; onset_step is mapped into the same
   numbering. Evidence lists every condition: signal, direction, score, and for drifting signals
-  the last value and the baseline (signal units). A 'not_up' gate's score is the signal's up
+  the last value and the baseline (signal units); an exact check's value is its input and its
+  'limit' the threshold the value passed (its score is cfg.invariant_score, the same for every
+  violation, so the console shows value and limit instead). A 'not_up' gate's score is the signal's up
   score (its CUSUM: the steps' rises beyond the allowance, accumulated), and its 'limit' the
   cfg.not_up_max it was below: that, not value against baseline, is what the gate tested (a
   signal may rise above its baseline and still score below the limit).
@@ -197,7 +199,8 @@ def incidents_from_alarms(alarms: Alarms, step: int) -> list[dict]:
         i = sig.INVARIANT_NAMES.index(c.signal)
         evidence.append({'signal': c.signal, 'direction': c.direction,
                          'score': _num(alarms.invariant[i]),
-                         'value': _num(alarms.invariant_value[i])})
+                         'value': _num(alarms.invariant_value[i]),
+                         'limit': float(sig.INVARIANT_THRESHOLD[i])})
         continue
       j = sig.SIGNALS.index(c.signal)
       scores = alarms.signal_down if c.direction == 'down' else alarms.signal_up

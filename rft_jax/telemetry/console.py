@@ -220,9 +220,16 @@ def evidence_text(item: Mapping[str, Any]) -> str:
   """One item of an incident's evidence: 'kl up 1.6', the score of a signal that moved; a
   'not_up' gate as the test it passed, 'reward/correct/mean not up (up-score 0.38 < 0.5)': the
   signal's up score (CUSUM) below monitor's not_up_max, which a signal rising above its
-  baseline may also pass (incidents logged before the limit was recorded: without '< limit')."""
+  baseline may also pass (incidents logged before the limit was recorded: without '< limit');
+  an exact check (invariant/*) as its value and the limit it passed,
+  'invariant/reward_out_of_range 1 (limit 0)': its score is the same for every violation
+  (monitor.invariant_score, 100)."""
   signal, direction = item.get('signal', '?'), item.get('direction', '')
   score = format_value(item.get('score'))
+  if str(signal).startswith('invariant/'):   # an exact check: its value, not its fixed score
+    limit = item.get('limit')
+    bound = '' if limit is None else f' (limit {format_value(limit)})'
+    return f"{signal} {format_value(item.get('value'))}{bound}"
   if direction != 'not_up':
     return f'{signal} {direction} {score}'
   limit = item.get('limit')
