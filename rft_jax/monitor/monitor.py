@@ -184,8 +184,8 @@ def incidents_from_alarms(alarms: Alarms, step: int) -> list[dict]:
   numbering. Evidence lists every condition: signal, direction, score, and for drifting signals
   the last value and the baseline (signal units); an exact check's value is its input and its
   'limit' the threshold the value passed (its score is cfg.invariant_score, the same for every
-  violation, so the console shows value and limit instead). A 'not_up' gate's score is the signal's up
-  score (its CUSUM: the steps' rises beyond the allowance, accumulated), and its 'limit' the
+  violation, so the console shows value and limit instead). A 'not_up' gate's score is the
+  signal's up score (its CUSUM: the steps' rises beyond the allowance, accumulated), its 'limit' the
   cfg.not_up_max it was below: that, not value against baseline, is what the gate tested (a
   signal may rise above its baseline and still score below the limit).
   """
