@@ -15,6 +15,14 @@ from rft_jax.monitor.signatures import SIGNATURES, SKIPPED_STREAK
 from rft_jax.telemetry import jsonl, sinks
 
 
+def read_entries(path: str, last_step: int) -> list[dict]:
+  """The entries of incidents.jsonl at `path` up to `last_step` (a resume's checkpoint), in file
+  order; a blank or torn line (a write cut by kill -9 or a full disk) is skipped, as in
+  metrics.jsonl (jsonl.read_jsonl), not a traceback at the resume."""
+  return [e for e in jsonl.read_jsonl(path)
+          if isinstance(e.get('step'), int) and e['step'] <= last_step]
+
+
 class IncidentLog:
   """workdir/incidents.jsonl (every incident and action) and the end-of-run report."""
 
@@ -24,8 +32,7 @@ class IncidentLog:
     self.entries = []
     self._error: OSError | None = None   # a failed write: the file is rewritten when one works
     if os.path.exists(self.path):
-      with open(self.path) as f:
-        self.entries = [e for e in map(json.loads, f) if e['step'] <= resume_step]
+      self.entries = read_entries(self.path, resume_step)
       self._rewrite()
 
   def add(self, entry: dict) -> None:
@@ -102,10 +109,7 @@ def logged_count(config, workdir: str, last_step: int) -> int | None:
   when the file has incidents or the run was watched (the file exists only once there is one:
   0), None when nothing watched it."""
   path = os.path.join(workdir, 'incidents.jsonl')
-  entries = []
-  if os.path.exists(path):
-    with open(path) as f:
-      entries = [e for e in map(json.loads, filter(str.strip, f)) if e['step'] <= last_step]
+  entries = read_entries(path, last_step) if os.path.exists(path) else []
   count = sum(e['kind'] == 'incident' for e in entries)
   return count if count or watched(config) else None
 

@@ -1,4 +1,6 @@
 """The remediation policy (host-side, pure Python): modes, undo, escalation."""
+import json
+
 import pytest
 
 from rft_jax.monitor.remediation import Controls, Remediator, apply_action
@@ -364,3 +366,21 @@ def test_the_skipped_streak_counts_steps_and_updates_and_round_trips_through_met
   with pytest.raises(runs.TrainingError, match=r'loss, so their updates were skipped, all or '):
     runs.check_skipped_streak(4, 2, 'loss', 7, Ckpt(), 'wd', None, 4)
   runs.check_skipped_streak(1, 2, 'loss', 7, Ckpt(), 'wd', 4, 4)   # below the limit
+
+
+def test_a_torn_incidents_jsonl_line_is_skipped_on_resume_not_a_traceback(tmp_path):
+  """A kill -9 (or a full disk) in the middle of appending to incidents.jsonl leaves half a
+  line; the resume read it with json.loads and stopped with a JSONDecodeError traceback, as did
+  a summary rebuilt from the checkpoint (logged_count). metrics.jsonl's torn lines are skipped:
+  these are too, and the entries up to the resume's step kept."""
+  from rft_jax import incidents   # pylint: disable=g-import-not-at-top
+  path = tmp_path / 'incidents.jsonl'
+  whole = [{'kind': 'incident', 'step': 4, 'onset_step': 3, 'signature': 'kl_explosion'},
+           {'kind': 'action', 'step': 4, 'action': 'raise_kl_coef'},
+           {'kind': 'incident', 'step': 9, 'onset_step': 8, 'signature': 'reward_collapse'}]
+  path.write_text(''.join(json.dumps(e) + '\n' for e in whole) + '\n{"kind": "incid')
+  log = incidents.IncidentLog(str(tmp_path), resume_step=6)
+  assert log.entries == whole[:2]
+  assert path.read_text().splitlines() == [json.dumps(e) for e in whole[:2]]   # rewritten whole
+  path.write_text(''.join(json.dumps(e) + '\n' for e in whole) + '{"kind": "incid')
+  assert incidents.logged_count(None, str(tmp_path), 10) == 2
