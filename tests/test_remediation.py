@@ -1,6 +1,4 @@
 """The remediation policy (host-side, pure Python): modes, undo, escalation."""
-import json
-
 import pytest
 
 from rft_jax.monitor.remediation import Controls, Remediator, apply_action
@@ -368,19 +366,19 @@ def test_the_skipped_streak_counts_steps_and_updates_and_round_trips_through_met
   runs.check_skipped_streak(1, 2, 'loss', 7, Ckpt(), 'wd', 4, 4)   # below the limit
 
 
-def test_a_torn_incidents_jsonl_line_is_skipped_on_resume_not_a_traceback(tmp_path):
-  """A kill -9 (or a full disk) in the middle of appending to incidents.jsonl leaves half a
-  line; the resume read it with json.loads and stopped with a JSONDecodeError traceback, as did
-  a summary rebuilt from the checkpoint (logged_count). metrics.jsonl's torn lines are skipped:
-  these are too, and the entries up to the resume's step kept."""
-  from rft_jax import incidents   # pylint: disable=g-import-not-at-top
-  path = tmp_path / 'incidents.jsonl'
-  whole = [{'kind': 'incident', 'step': 4, 'onset_step': 3, 'signature': 'kl_explosion'},
-           {'kind': 'action', 'step': 4, 'action': 'raise_kl_coef'},
-           {'kind': 'incident', 'step': 9, 'onset_step': 8, 'signature': 'reward_collapse'}]
-  path.write_text(''.join(json.dumps(e) + '\n' for e in whole) + '\n{"kind": "incid')
-  log = incidents.IncidentLog(str(tmp_path), resume_step=6)
-  assert log.entries == whole[:2]
-  assert path.read_text().splitlines() == [json.dumps(e) for e in whole[:2]]   # rewritten whole
-  path.write_text(''.join(json.dumps(e) + '\n' for e in whole) + '{"kind": "incid')
-  assert incidents.logged_count(None, str(tmp_path), 10) == 2
+def test_an_action_line_gives_its_controls_rounded_and_a_halt_none():
+  """An escalated lower_lr printed {'lr_scale': 0.010000000000000002, ...}, the dict's repr of
+  0.1 * 0.1, in the console and incidents.md; a halt printed controls it never goes on with."""
+  r = Remediator('auto', Controls(kl_coef=0.02), watch_steps=3)
+  r.on_incident(incident(score=2.0, onset=5), 7)
+  action = r.drain_log()[0]
+  action['controls'] = apply_action('lower_lr', Controls(**action['controls'])).as_dict()
+  assert action['controls']['lr_scale'] == 0.1 * 0.1 != 0.01
+  assert describe_incident(7, action) == (
+      'step 7: remediation lower_lr: gradient_explosion since step 5 -> '
+      'lr_scale 0.01, kl_coef 0.02, temperature 1')
+  halt = Remediator('halt', Controls()).on_incident(incident(score=2.0, onset=5), 7)
+  assert halt.halt
+  line = describe_incident(7, {'kind': 'action', 'action': 'halt', 'reason': halt.reason,
+                               'controls': halt.controls.as_dict()})
+  assert line == 'step 7: remediation halt: gradient_explosion (mode halt)', line

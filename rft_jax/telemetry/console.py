@@ -237,6 +237,14 @@ def evidence_text(item: Mapping[str, Any]) -> str:
   return f'{signal} not up (up-score {score}{bound})'
 
 
+def controls_text(controls: Any) -> str:
+  """A remediation's controls as 'lr_scale 0.01, kl_coef 0.02, temperature 1' (format_value:
+  the dict's repr showed 0.1 * 0.1 as 0.010000000000000002)."""
+  if not isinstance(controls, Mapping):
+    return str(controls)
+  return ', '.join(f'{name} {format_value(value)}' for name, value in controls.items())
+
+
 def describe_incident(step: int, incident: Mapping[str, Any]) -> str:
   """One line for a monitor incident or remediation action."""
   kind = incident.get('kind', 'incident')
@@ -256,8 +264,10 @@ def describe_incident(step: int, incident: Mapping[str, Any]) -> str:
             f"{format_value(incident.get('health_before'))} -> "
             f"{format_value(incident.get('health_now'))})")
   if kind != 'incident':
-    return (f"step {step}: remediation {incident.get('action')}: {incident.get('reason', '')}"
-            f" -> {incident.get('controls', '')}")
+    line = f"step {step}: remediation {incident.get('action')}: {incident.get('reason', '')}"
+    if incident.get('action') == 'halt':   # the run stops: no controls to go on with
+      return line
+    return f"{line} -> {controls_text(incident.get('controls', ''))}"
   evidence = ', '.join(map(evidence_text, incident.get('evidence', [])[:3]))
   return (f"step {step}: INCIDENT {incident_name(incident)} [{incident.get('severity')}] "
           f"since step {incident.get('onset_step')}, score {format_value(incident.get('score'))}"
