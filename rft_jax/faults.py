@@ -85,6 +85,11 @@ FAULT_TYPES = tuple(FAULTS)
 FRACTION_STRENGTHS = ('reward_noise', 'reward_sign_flip', 'group_shuffle', 'adv_sign_flip',
                       'answer_key_corrupt')
 TOKEN_STRENGTHS = ('truncation',)
+# Strengths that multiply something (a learning rate, the rewards): 1 changes nothing.
+FACTOR_STRENGTHS = ('lr_spike', 'grad_clip_off_high_lr', 'lr_schedule_step', 'reward_scale')
+# FaultBench scenarios that are not injections: tools.faultbench carries them out itself.
+BENCH_ONLY = {'resume': 'tools.faultbench stops the run at onset_step and resumes it from its '
+                        'checkpoint; a live run injects nothing for it'}
 _FAULT_KEYS = ('type', 'onset_step', 'strength', 'duration')
 
 
@@ -92,7 +97,7 @@ def check_faults(faults: Sequence[Mapping[str, Any]], total_steps: int | None = 
                  max_new_tokens: int | None = None) -> None:
   """Raises ValueError('faults[i].key: reason') for the first malformed fault, or one that would
   do nothing (an onset after the run's last step, a token count below 1 or not below the
-  recipe's rollout.max_new_tokens, ...)."""
+  recipe's rollout.max_new_tokens, a factor of 1, FaultBench's 'resume', ...)."""
   is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)
   for i, f in enumerate(faults):
     if not isinstance(f, Mapping):
@@ -105,6 +110,8 @@ def check_faults(faults: Sequence[Mapping[str, Any]], total_steps: int | None = 
     if kind not in FAULTS:
       raise ValueError(f'faults[{i}].type={kind!r}: unknown fault; known: '
                        + ', '.join(FAULT_TYPES))
+    if kind in BENCH_ONLY:
+      raise ValueError(f'faults[{i}].type={kind!r}: not an injection: {BENCH_ONLY[kind]}')
     if not is_int(f.get('onset_step')) or f['onset_step'] < 1:
       raise ValueError(f'faults[{i}].onset_step: must be an int >= 1')
     if total_steps is not None and f['onset_step'] > total_steps:
@@ -116,6 +123,9 @@ def check_faults(faults: Sequence[Mapping[str, Any]], total_steps: int | None = 
       raise ValueError(f'faults[{i}].strength: must be a finite number > 0')
     if kind in FRACTION_STRENGTHS and strength > 1:
       raise ValueError(f'faults[{i}].strength: {kind} takes a fraction in (0, 1], got {strength}')
+    if kind in FACTOR_STRENGTHS and strength == 1:
+      raise ValueError(f'faults[{i}].strength: {kind} multiplies by its strength, so 1 '
+                       'changes nothing')
     if kind in TOKEN_STRENGTHS and strength < 1:
       raise ValueError(f'faults[{i}].strength: {kind} takes a token count >= 1, got {strength}')
     if kind in TOKEN_STRENGTHS and strength != int(strength):

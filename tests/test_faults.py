@@ -148,6 +148,10 @@ def test_check_faults_names_the_problem():
       ({**ok, 'type': 'truncation', 'strength': 2.5}, r'truncation takes a whole token count'),
       ({**ok, 'type': 'truncation', 'strength': 6},   # sampled at min(6, 6): nothing cut
        r'truncation to 6 tokens cuts nothing: rollout.max_new_tokens is 6'),
+      # FaultBench's stop-and-resume scenario: the trainer injects nothing for it
+      ({**ok, 'type': 'resume', 'strength': 1}, r"faults\[0\].type='resume': not an injection"),
+      ({**ok, 'strength': 1}, r'lr_spike multiplies by its strength, so 1 changes nothing'),
+      ({**ok, 'type': 'reward_scale', 'strength': 1.0}, r'reward_scale multiplies'),
   ]:
     with pytest.raises(ValueError, match=message):
       faults.check_faults([bad], total_steps=10, max_new_tokens=6)
