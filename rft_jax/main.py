@@ -294,7 +294,8 @@ def _optional_value(arg: str, key: str) -> Any:
       return kind(raw)
     except ValueError:
       pass
-  raise UsageError(f'{arg}: config.{key} takes a {kind.__name__} value '
+  article = 'an' if kind is int else 'a'   # 'an int value', 'a float value'
+  raise UsageError(f'{arg}: config.{key} takes {article} {kind.__name__} value '
                    f'(--config.{key}=VALUE)')
 
 

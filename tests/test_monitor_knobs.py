@@ -66,7 +66,7 @@ def test_knobs_are_set_from_the_command_line(monkeypatch):
   assert trainer.monitor_settings(config)[1] == MonitorConfig(cusum_h=4.0, persistence=2)
   with pytest.raises(main_lib.UsageError, match="did you mean 'cusum_h'"):
     main_lib.parse_command_line(base + ['--config.monitor.cusum_hh=4'])
-  with pytest.raises(main_lib.UsageError, match='config.monitor.persistence takes a int'):
+  with pytest.raises(main_lib.UsageError, match='config.monitor.persistence takes an int value'):
     main_lib.parse_command_line(base + ['--config.monitor.persistence=1.5'])
 
 
