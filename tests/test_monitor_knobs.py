@@ -201,6 +201,9 @@ def test_replay_refuses_bad_knobs_in_one_line(tmp_path, capsys, section, argv, m
     (['--set', 'cusum_h'], '--set cusum_h: expected KNOB=VALUE'),
     (['--set', 'persistence=x'], '--set persistence=x: monitor.persistence takes an int value'),
     (['--set', 'cusum_h=0'], 'monitor.cusum_h=0.0: must be > 0'),
+    (['--traces', '0'], '--traces=0: must be at least 1'),    # an IndexError traceback
+    (['--seed', '-1'], '--seed=-1: must be at least 0'),      # numpy's ValueError traceback
+    (['--window', '-1'], '--window=-1: must be at least 0'),  # ran, and detected nothing
 ])
 def test_false_alarm_tool_refuses_bad_knobs_as_usage_errors(capsys, argv, message):
   """An unknown field ended in an AttributeError traceback (and one without '=' in a

@@ -21,7 +21,7 @@
    the reference.
 
 All traces of a batch run as one monitor batch ([N] per signal) in one jitted lax.scan over steps.
-A bad --steps or --set is one line on stderr, exit 2.
+A bad --steps, --traces (< 1), --window, --seed (< 0) or --set is one line on stderr, exit 2.
 """
 from __future__ import annotations
 
@@ -123,6 +123,10 @@ def main(argv=None):
                       help='a monitor knob as config.monitor.KNOB sets it (rft_jax/monitor/'
                            'knobs.py), e.g. --set cusum_h=6')
   args = parser.parse_args(argv)
+  for flag, value, low in (('traces', args.traces, 1), ('window', args.window, 0),
+                           ('seed', args.seed, 0)):   # was an IndexError / numpy traceback
+    if value < low:
+      raise usage_exit(f'--{flag}={value}: must be at least {low}')
   try:   # the knobs' parser and ranges, as a run's config and tools.monitor_replay check them
     cfg = knobs.monitor_config(None, **knobs.parse_set(args.set))
   except ValueError as e:   # was a traceback (unknown field, no '=', a value of another type)
