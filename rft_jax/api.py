@@ -41,7 +41,7 @@ from rft_jax.recipes import (  # noqa: F401
     RecipeError, apply_overrides, load_recipe, resolve_recipe)
 from rft_jax.recipes import one_line as _one_line  # noqa: F401  (main.py's)
 from rft_jax.telemetry.hooks import Recorder  # noqa: F401  (api.Recorder)
-from rft_jax.telemetry.records import final_trajectory
+from rft_jax.telemetry.records import RECORD_KINDS, final_trajectory
 
 # Also attributes, loaded on use (they import JAX): SetupError, TrainingError, Preempted.
 __all__ = ['load_config', 'validate', 'train', 'open_run', 'Run', 'Recorder', 'Policy',
@@ -235,9 +235,6 @@ def _no_records(workdir: str, recorded: str) -> str:
   return (': the run was trained with telemetry.jsonl=False, which keeps no step records on '
           f'disk{"; it has " * bool(have)}{", ".join(have)}; open_run needs '
           "telemetry.jsonl=True (api.train's own Run holds its records in memory)")
-
-
-RECORD_KINDS = ('start', 'train', 'eval', 'message', 'incident', 'action', 'verdict', 'end')
 
 
 def _finished(records: list[dict[str, Any]]) -> bool:

@@ -61,3 +61,27 @@ def test_a_format_other_than_the_detected_one_is_obeyed_with_a_warning(tmp_path,
   assert err == [f"warning: {log}: its format looks like rft_jax (records of kind 'train'), not "
                  'verl; read as verl, as --format asks (leave --format out to read it as '
                  'rft_jax)'], err
+
+
+def test_an_incidents_file_or_a_log_without_steps_is_named_as_such(tmp_path, capsys):
+  """A run's incidents.jsonl passed for its metrics.jsonl said 'cannot detect the log format
+  from its keys; pass --format', and with --format rft_jax the replay ran over the incidents'
+  numbers (score, onset_step) as if they were steps, exit 0. So did the metrics.jsonl of a run
+  stopped before its first step."""
+  incidents = tmp_path / 'incidents.jsonl'
+  incidents.write_text(''.join(json.dumps(e) + '\n' for e in [
+      {'kind': 'incident', 'step': 17, 'onset_step': 15, 'score': 1.5, 'evidence': []},
+      {'kind': 'action', 'step': 17, 'action': 'lower_lr', 'restore_before': 15}]))
+  for fmt in ('auto', 'rft_jax'):
+    with pytest.raises(ValueError, match=r"incidents.jsonl: an incidents file \(the failure "
+                       r"monitor's output\), not a training log; pass the run's metrics.jsonl"):
+      formats.load_run(incidents, fmt)
+  assert monitor_replay.main([str(incidents), '--format', 'rft_jax']) == 2
+  assert len(capsys.readouterr().err.splitlines()) == 1
+  log = tmp_path / 'metrics.jsonl'
+  sink = sinks.JsonlSink(log)
+  sink.on_message('memory estimate: 0.18 GiB per device')
+  sink.close()
+  with pytest.raises(ValueError, match=r'an rft_jax log without train records \(only message\): '
+                     'the run stopped before its first step'):
+    formats.load_run(tmp_path)

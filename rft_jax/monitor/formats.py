@@ -47,7 +47,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from rft_jax.telemetry.records import drop_abandoned
+from rft_jax.telemetry.records import MONITOR_KINDS, RECORD_KINDS, drop_abandoned
 from rft_jax.telemetry.sinks import read_jsonl
 
 FORMATS = ('rft_jax', 'verl', 'trl', 'openrlhf')
@@ -344,6 +344,7 @@ def load_run(path: str | os.PathLike, fmt: str = 'auto') -> list[dict[str, Any]]
     raise FileNotFoundError(f'{path}: no such file')
   raw, from_trainer_state = _read_raw(path)
   raw = [_unwrap(r) for r in raw]
+  _check_not_train_free(raw, path)
   detected, evidence = ('trl', "TRL's trainer_state.json") if from_trainer_state else _detect(raw)
   if fmt == 'auto':
     fmt = detected
@@ -359,6 +360,21 @@ def load_run(path: str | os.PathLike, fmt: str = 'auto') -> list[dict[str, Any]]
     warnings.warn(FormatMismatch(f'{path}: its format looks like {detected} ({evidence}), not '
                                  f'{fmt}; read as {fmt}', detected), stacklevel=2)
   return records
+
+
+def _check_not_train_free(raw: list[dict[str, Any]], path: str) -> None:
+  """ValueError for an rft_jax file whose records (each with a JsonlSink 'kind') hold no step:
+  an incidents.jsonl (the monitor's output: it said 'cannot detect the log format; pass
+  --format', and --format rft_jax replayed 0 steps of its numbers), or the metrics.jsonl of a
+  run stopped before its first step."""
+  kinds = {r.get('kind') for r in raw}
+  if not raw or 'train' in kinds or not kinds <= set(RECORD_KINDS):
+    return
+  if kinds <= set(MONITOR_KINDS):
+    raise ValueError(f"{path}: an incidents file (the failure monitor's output), not a training "
+                     "log; pass the run's metrics.jsonl or its directory")
+  raise ValueError(f'{path}: an rft_jax log without train records (only {", ".join(sorted(kinds))}'
+                   '): the run stopped before its first step')
 
 
 def _records(raw: list[dict[str, Any]], path: str, fmt: str) -> list[dict[str, Any]]:

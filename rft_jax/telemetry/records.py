@@ -17,6 +17,9 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 _Record = TypeVar('_Record', bound=Mapping[str, Any])
+# The kinds of metrics.jsonl's records (sinks.JsonlSink; incidents.jsonl holds the middle three).
+RECORD_KINDS = ('start', 'train', 'eval', 'message', 'incident', 'action', 'verdict', 'end')
+MONITOR_KINDS = ('incident', 'action', 'verdict')
 
 
 def drop_abandoned(records: Iterable[_Record],
