@@ -41,7 +41,7 @@ class Preempted(RuntimeError):
 
 
 def check_finite(metrics: dict, step: int, ckpt: Checkpointer, workdir: str,
-                 stop_on_loss: bool = True) -> str:
+                 stop_on_loss: bool = True, why: str = '') -> str:
   """Stops the run (TrainingError; callers log the step first, so its values show the cause,
   and call this before anything of the step is saved or evaluated) when the
   parameters are no longer finite ('param_norm': every later step would train on garbage, and
@@ -49,12 +49,14 @@ def check_finite(metrics: dict, step: int, ckpt: Checkpointer, workdir: str,
   the loss or the gradient norm is not. Returns what was not finite ('' if all was), for the
   caller to report (the update of a non-finite gradient is skipped on the device). With
   monitor.mode='auto' the trainer calls this only when remediation did not restore a checkpoint
-  from before the step (the failure monitor's nonfinite_params incident)."""
+  from before the step (the failure monitor's nonfinite_params incident); `why` it did not
+  (Remediator.why_no_restore) goes into the error line."""
   bad = ' and '.join(k for k in ('loss', 'grad_norm')
                      if k in metrics and not np.isfinite(metrics[k]))
   if 'param_norm' in metrics and not np.isfinite(metrics['param_norm']):
     raise TrainingError(f'the parameters are no longer finite after step {step} (param_norm '
                         f'{metrics["param_norm"]}, grad_norm {metrics.get("grad_norm")}); '
+                        f'{why + "; " if why else ""}'
                         f'{kept_note(ckpt, workdir)}')   # listed only now: it reads the disk
   if bad and stop_on_loss:
     raise TrainingError(f'non-finite {bad} at step {step}; {kept_note(ckpt, workdir)}')
@@ -62,7 +64,8 @@ def check_finite(metrics: dict, step: int, ckpt: Checkpointer, workdir: str,
 
 
 def check_skipped_streak(streak: int, limit: int, bad: str, step: int, ckpt: Checkpointer,
-                         workdir: str, skipped: int | None = None, updates: int = 1) -> None:
+                         workdir: str, skipped: int | None = None, updates: int = 1,
+                         why: str = '') -> None:
   """Stops the run (TrainingError) when the last `streak` steps, up to `step`, all had a
   non-finite loss or gradient (`bad`, check_finite's return), and so skipped updates, and streak
   >= limit (config.monitor.max_skipped_steps): the failure monitor reports such a step and the
@@ -70,7 +73,7 @@ def check_skipped_streak(streak: int, limit: int, bad: str, step: int, ckpt: Che
   parameters finite but huge, or a loss that is NaN for every batch). With monitor.mode='auto'
   the trainer calls this only when remediation did not restore a checkpoint from before the
   streak (incident skipped_streak). skipped: how many of the streak's streak * updates optimiser
-  updates (`updates` per step) were skipped (None: not known)."""
+  updates (`updates` per step) were skipped (None: not known); `why` auto did not restore."""
   if streak >= limit:
     first, total = step - streak + 1, streak * updates
     what = ('so their updates were skipped, all or some' if skipped is None else
@@ -78,7 +81,8 @@ def check_skipped_streak(streak: int, limit: int, bad: str, step: int, ckpt: Che
             f'so {skipped} of their {total} updates were skipped')
     before = [s for s in ckpt.all_steps() if s < first]
     raise TrainingError(f'{streak} steps in a row (steps {first}-{step}) had a non-finite '
-                        f'{bad}, {what} (config.monitor.max_skipped_steps={limit}); stopped; '
+                        f'{bad}, {what} (config.monitor.max_skipped_steps={limit}); '
+                        f'{why + "; " if why else ""}stopped; '
                         f'the latest checkpoint from before step {first}: '
                         f'{f"step {before[-1]}" if before else "none kept"}, in {workdir}')
 

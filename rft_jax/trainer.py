@@ -321,7 +321,8 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
       # A non-finite loss or gradient (its update was skipped on the device) stops a run
       # without the monitor and is reported by one with it; a streak of max_skipped such steps
       # is an incident (skipped_streak) that 'auto' repairs as nonfinite_params, else it stops.
-      bad = runs.check_finite(metrics, step, ckpt, workdir, stop_on_loss=mcfg is None)
+      bad = runs.check_finite(metrics, step, ckpt, workdir, stop_on_loss=mcfg is None,
+                              why=remediator.why_no_restore('nonfinite_params', step))
       if bad and mode in ('off', 'warn'):
         hooks.on_step_message(step, f'step {step}: non-finite {bad}; the update was skipped')
       if streak.observe(bad, metrics.get('update_skipped', 1.0)) >= max_skipped:
@@ -329,7 +330,8 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
             streak.steps, max_skipped, step, remediator, hooks, incident_log)):
           continue
         runs.check_skipped_streak(streak.steps, max_skipped, bad, step, ckpt, workdir,
-                                  streak.skipped, streak.updates)
+                                  streak.skipped, streak.updates,
+                                  remediator.why_no_restore('skipped_streak', step))
       last = step == total
       if step % config.train.eval_every == 0 or last:
         result = evaluator(state.params)

@@ -94,12 +94,17 @@ def test_non_finite_parameters_stop_the_run_and_keep_the_good_checkpoint(tmp_pat
   deleted the last good checkpoint for infinite ones). halt: the monitor's nonfinite_params
   incident stops it. auto: its remediation restores step 4 with the learning rate x 0.1, but
   1e29x overflows again on the replayed step 5; that incident arrives while the first action
-  is watched, so nothing restores and the run stops as without the monitor."""
+  is watched, so nothing restores and the run stops as without the monitor, saying why (its
+  line used to read as if auto had not been on)."""
   config = overflow_config(mode)
   message = ('halted at step 5 by the failure monitor: nan_loss \\(signature nonfinite_params; '
              r'mode halt\); last checkpoint before the onset \(step 5\): step 4' if mode == 'halt'
              else 'parameters are no longer finite after step 5.*last good checkpoint '
                   r'\(step 4\)')
+  if mode == 'auto':
+    message = message.replace('.*', r'.*; monitor.mode=auto did not restore: its '
+                              r'restore_and_lower_lr for nonfinite_params \(since step 5\) is '
+                              r'being watched until step 15; stopped with the ')
   with pytest.raises(trainer.TrainingError, match=message):
     trainer.run(config, str(tmp_path))
   assert checkpoint_steps(tmp_path) == [2, 4]
@@ -182,11 +187,14 @@ def test_auto_mode_stops_when_the_restored_streak_comes_back_during_the_watch(tm
   """auto with the default lr_factor 0.1: the replay from step 4 at 1e13x overflows again and
   skips steps 5-9 anew. The streak restarts from checkpoint 4's count (0; it would stop at the
   replayed step 5 as 6 steps if the abandoned steps counted), and this time the restore's
-  action is still watched: no second restore, the run stops as in the other modes."""
+  action is still watched: no second restore, the run stops as in the other modes, saying why."""
   config = overflow_config('auto', keep=10, strength=1e14, **{'train.steps': 14})
   with pytest.raises(trainer.TrainingError,
                      match=r'^5 steps in a row \(steps 5-9\) had a non-finite loss and grad_norm, '
-                           r'so 9 of their 10 updates.*before step 5: step 4, in '):
+                           r'so 9 of their 10 updates.*max_skipped_steps=5\); monitor.mode=auto '
+                           r'did not restore: its restore_and_lower_lr for skipped_streak '
+                           r'\(since step 5\) is being watched until step 15; stopped; .*'
+                           r'before step 5: step 4, in '):
     trainer.run(config, str(tmp_path))
   rows = metrics_records(tmp_path)
   assert [r['step'] for r in rows if r['kind'] == 'train'] == [1, 2, 3, 4, 5, 6, 7, 8, 9,

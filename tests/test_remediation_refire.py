@@ -66,3 +66,24 @@ def test_a_verdict_that_keeps_an_action_without_escalating_says_so():
   assert ('verdict on lower_lr (escalated 1x) for gradient_explosion: did not help: reward/mean '
           'has not recovered; kept (no escalation left) (score 5 -> 4') in lines[1], lines[1]
   assert r.controls.lr_scale == pytest.approx(0.01)
+
+
+def test_why_auto_did_not_restore_is_said_for_an_incident_that_cannot_wait():
+  """Non-finite parameters and a skipped streak stop the run when auto does not restore; the
+  error line says why (runs.check_finite's `why`): a watched action, restores used up, an
+  undone action; nothing when the restore was tried this step and found no checkpoint (the
+  trainer said so) or outside auto."""
+  assert Remediator('warn', Controls()).why_no_restore('nonfinite_params', 5) == ''
+  r = Remediator('auto', Controls(), watch_steps=3, max_restores=1)
+  assert r.why_no_restore('nonfinite_params', 5) == ''
+  r.on_incident(incident(onset=5), 7)
+  r.restore_missed(7)
+  assert r.why_no_restore('nonfinite_params', 7) == ''   # no checkpoint: said at the rewind
+  assert r.why_no_restore('nonfinite_params', 8) == (
+      'monitor.mode=auto did not restore: its lower_lr for gradient_explosion (since step 5) '
+      'is being watched until step 10')
+  r.watches, r.restores = [], 1
+  assert r.why_no_restore('nonfinite_params', 8).endswith('its 1 restores are used up')
+  r.restores, r.undone = 0, {'skipped_streak'}
+  assert r.why_no_restore('skipped_streak', 8).endswith(
+      'its action for skipped_streak was undone before')

@@ -168,6 +168,7 @@ class Remediator:
     self.watches: list[Watch] = []
     self.deferred: list[dict[str, Any]] = []   # incidents that fired while a watch was open
     self.log: list[dict[str, Any]] = []   # decisions and verdicts not yet handed out
+    self.missed: int | None = None   # the step of the latest restore that found no checkpoint
 
   def state_dict(self) -> dict[str, Any]:
     """JSON-friendly state (controls, watched actions, health history) for checkpoints."""
@@ -200,10 +201,28 @@ class Remediator:
     rather than replaying from the onset, so the watch (one at a time: the last) ends
     `watch_steps` after `step`, not after the onset."""
     self.restores = max(0, self.restores - 1)
+    self.missed = step   # why_no_restore: the trainer's message said why
     if self.watches:
       self.watches[-1] = dataclasses.replace(self.watches[-1],
                                              until=max(self.watches[-1].until,
                                                        step + self.watch_steps))
+
+  def why_no_restore(self, signature: str, step: int) -> str:
+    """Why mode auto did not restore for an incident of `signature` that cannot wait
+    (nonfinite_params, skipped_streak: the trainer then stops the run), for its error line;
+    '' when nothing here stood in the way (no checkpoint before the onset at `step`: the trainer
+    said so when it looked)."""
+    if self.mode != 'auto' or self.missed == step:
+      return ''
+    if self.watches:
+      w = self.watches[-1]
+      return (f'monitor.mode=auto did not restore: its {w.action} for {w.signature} (since '
+              f'step {w.onset}) is being watched until step {w.until}')
+    if self.restores >= self.max_restores:
+      return f'monitor.mode=auto did not restore: its {self.max_restores} restores are used up'
+    if signature in self.undone:
+      return f'monitor.mode=auto did not restore: its action for {signature} was undone before'
+    return ''
 
   def drain_log(self) -> list[dict[str, Any]]:
     """Decisions and verdicts since the last call (for incidents.jsonl and the hooks)."""
