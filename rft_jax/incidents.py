@@ -87,7 +87,7 @@ class IncidentLog:
       if e['kind'] == 'incident':
         ev = ', '.join(map(sinks.evidence_text, e.get('evidence', [])[:3]))
         lines.append(f"- step {e['step']}: {sinks.incident_name(e)} [{e['severity']}] since step "
-                     f"{e['onset_step']} (score {e['score']:.2f}; {ev}); "
+                     f"{e['onset_step']} (score {sinks.format_value(e['score'])}; {ev}); "
                      f"suggested {e['remediation']}")
       else:
         lines.append('  - ' + sinks.describe_incident(e['step'], e))

@@ -20,3 +20,17 @@ def test_a_torn_incidents_jsonl_line_is_skipped_on_resume_not_a_traceback(tmp_pa
   path.write_text(''.join(json.dumps(e) + '\n' for e in whole) + '{"kind": "incid')
   assert incidents.logged_count(None, str(tmp_path), 10) == 2
 
+
+
+def test_the_report_words_scores_as_the_console_does(tmp_path):
+  """incidents.md said 'score 100.00' where the console said 'score 100', and an entry without
+  a finite score (null in the file) stopped the end-of-run report with a TypeError."""
+  log = incidents.IncidentLog(str(tmp_path), resume_step=0)
+  for score in (100.0, None):
+    log.add({'kind': 'incident', 'step': 4, 'onset_step': 4, 'signature': 'nan_loss',
+             'fault_class': 'nan_loss', 'severity': 'critical', 'remediation': 'skip_batch',
+             'score': score, 'evidence': []})
+  lines = log.report().splitlines()
+  assert lines[1] == ('- step 4: nan_loss [critical] since step 4 (score 100; ); '
+                      'suggested skip_batch')
+  assert '(score None; )' in lines[2]
