@@ -54,9 +54,9 @@ from rft_jax.param_dirs import (  # noqa: F401  (checkpoint.X for callers)
 
 
 BEFORE_RESET = 'reference_before_reset'   # the item an undo of a reference reset puts back
-# TrainState fields that may be started afresh when a checkpoint's copy no longer fits (the
-# failure monitor's running statistics: it re-learns them in its warm-up).
-RESETTABLE_FIELDS = ('monitor',)
+# TrainState fields started afresh (re-learnt) when a checkpoint's copy no longer fits, and why.
+RESET_CAUSES = {'monitor': 'monitor.warmup changed, or an rft_jax with other signals wrote it'}
+RESETTABLE_FIELDS = tuple(RESET_CAUSES)
 _DISK_MARGIN = 1.2          # free space needed = margin * _needed_bytes
 
 
@@ -274,9 +274,8 @@ class Checkpointer:
 
     A checkpoint from an older rft_jax may lack a field this version has (e.g. PPO's critic,
     added later): it keeps its value in `like_state`. A field in RESETTABLE_FIELDS whose saved
-    layout no longer fits (the monitor's statistics when signals were added) is reset the same
-    way. Both are reported in `problems`; params, optimizer state and step always come back
-    exactly, or the restore fails.
+    layout no longer fits (RESET_CAUSES) is reset the same way. Both are reported in `problems`;
+    params, optimizer state and step always come back exactly, or the restore fails.
     """
     ocp = orbax_module()
     if not dataclasses.is_dataclass(like_state):
@@ -299,7 +298,7 @@ class Checkpointer:
         only_mine = [s for s in mine_n if s not in saved_n]
         raise ValueError(f'its {n} arrays have other shapes than this config builds (saved '
                          f'{only_saved[:1] or saved_n[:1]}, here {only_mine[:1] or mine_n[:1]})')
-    why = 'array shapes differ'
+    why = ''   # + orbax's error when the first attempt fails
     attempts = [[n for n in wanted if n not in misfits],
                 [n for n in wanted if n not in RESETTABLE_FIELDS]]
     for i, fields in enumerate(attempts):
@@ -315,7 +314,7 @@ class Checkpointer:
       except ValueError as e:
         if i == 1 or attempts[1] == attempts[0]:
           raise
-        why = str(e).splitlines()[0]
+        why = f': {str(e).splitlines()[0]}'
     missing = [n for n in names if not holds(n)]
     if missing:
       self.problems.append(f'checkpoint {step} has no {", ".join(missing)} state (written by an '
@@ -323,7 +322,8 @@ class Checkpointer:
     reset = [n for n in wanted if n not in fields]
     if reset:
       self.problems.append(f'checkpoint {step}: the saved {", ".join(reset)} state does not fit '
-                           f'this version ({why}); starting it afresh')
+                           f'this run ({"; ".join(map(RESET_CAUSES.get, reset))}{why}); '
+                           'starting it afresh')
     return like_state.replace(**restored)
 
   def close(self) -> None:

@@ -138,6 +138,11 @@ def test_a_checkpointed_monitor_state_resumes_under_other_knobs(tmp_path):
     restored = restored.replace(monitor=restored_monitor)
     fired += [sigs.SIGNATURE_NAMES[k] for k in np.flatnonzero(np.asarray(alarms.fired))]
   assert fired == ['reward_collapse']   # as the run that had cusum_h 4 from the start
+  # A changed warmup restarts the statistics, and the line says so (it blamed 'this version').
+  ckpt = Checkpointer(str(tmp_path / 'ckpts'))
+  ckpt.restore(24, make_state(1, 0).replace(monitor=monitor.init_monitor(MonitorConfig(warmup=4))))
+  ckpt.close()
+  assert len(ckpt.problems) == 1 and 'monitor.warmup changed' in ckpt.problems[0], ckpt.problems
 
 
 # --- tools.monitor_replay --------------------------------------------------------------------
