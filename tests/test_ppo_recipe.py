@@ -104,10 +104,10 @@ def test_tiny_run_resumes_exactly_with_its_critic(tmp_path):
   for name, metric in (('actor/pg_clipfrac', 'clip_frac'), ('actor/entropy', 'entropy'),
                        ('actor/ppo_kl', 'ppo_kl')):
     assert full[3][name] == full[3][metric]           # verl aliases
-  _check_documented(full[3])
+  check_documented(full[3])
 
 
-def _check_documented(row: dict) -> None:
+def check_documented(row: dict) -> None:
   """Every metric name a run logs is a row of the README's metric-name table."""
   import re  # pylint: disable=g-import-not-at-top
   from rft_jax.telemetry import vocabulary  # pylint: disable=g-import-not-at-top

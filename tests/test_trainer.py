@@ -12,6 +12,7 @@ from compile_log import assert_compiled_once, programs_compiled
 from configs import grpo_arith
 from rft_jax import runs, trainer
 from rft_jax.telemetry.sinks import read_jsonl
+from test_ppo_recipe import check_documented
 
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if _TESTS_DIR not in sys.path:   # reward_fixtures registers test-only verifiers
@@ -163,6 +164,7 @@ def test_a_truncated_sampler_is_announced_and_shows_in_the_mismatch_metric(tmp_p
                           'the truncated distribution') for m in messages), messages
   [row] = train_rows(str(tmp_path)).values()
   assert row['mismatch/k3'] > 1e-3, row['mismatch/k3']
+  check_documented(row)   # every GRPO metric (credit/* were not) is in the README's table
 
 
 def test_no_recompilation_after_the_first_step(tmp_path, caplog):
