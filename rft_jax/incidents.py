@@ -15,24 +15,30 @@ from rft_jax.monitor.signatures import SIGNATURES, SKIPPED_STREAK
 from rft_jax.telemetry import jsonl, sinks
 
 
-def read_entries(path: str, last_step: int) -> list[dict]:
-  """The entries of incidents.jsonl at `path` up to `last_step` (a resume's checkpoint), in file
-  order; a blank or torn line (a write cut by kill -9 or a full disk) is skipped, as in
-  metrics.jsonl (jsonl.read_jsonl), not a traceback at the resume."""
-  return [e for e in jsonl.read_jsonl(path)
-          if isinstance(e.get('step'), int) and e['step'] <= last_step]
+ENTRIES_KEY = 'incident_entries'   # checkpoint meta: how many entries were logged before it
+
+
+def read_entries(path: str, last_step: int, logged: int | None = None) -> list[dict]:
+  """The entries of incidents.jsonl at `path` that a resume from the checkpoint of `last_step`
+  keeps, in file order: the first `logged` (meta[ENTRIES_KEY]: those logged before that
+  checkpoint was saved; after an `auto` restore they include entries of higher steps, e.g. the
+  incident that restored, which a filter on the step dropped when a stop came during the
+  replay), else (an older checkpoint) those of steps up to `last_step`. A blank or torn line (a
+  write cut by kill -9 or a full disk) is skipped, as in metrics.jsonl (jsonl.read_jsonl)."""
+  entries = [e for e in jsonl.read_jsonl(path) if isinstance(e.get('step'), int)]
+  return entries[:logged] if logged is not None else [e for e in entries if e['step'] <= last_step]
 
 
 class IncidentLog:
   """workdir/incidents.jsonl (every incident and action) and the end-of-run report."""
 
-  def __init__(self, workdir: str, resume_step: int):
+  def __init__(self, workdir: str, resume_step: int, logged: int | None = None):
     self.path = os.path.join(workdir, 'incidents.jsonl')
     self.primary = jax.process_index() == 0   # only process 0 writes; all keep the entries
     self.entries = []
     self._error: OSError | None = None   # a failed write: the file is rewritten when one works
     if os.path.exists(self.path):
-      self.entries = read_entries(self.path, resume_step)
+      self.entries = read_entries(self.path, resume_step, logged)
       self._rewrite()
 
   def add(self, entry: dict) -> None:

@@ -157,7 +157,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   # (ref_params, reset_ref) before the watched reset (its first one), checkpointed for its undo.
   ref_before_reset = incidents.resumed_undo_reference(
       ckpt, start, meta, remediator, initial_ref, c.param_shardings, hooks) if start else None
-  incident_log = incidents.IncidentLog(workdir, start)
+  incident_log = incidents.IncidentLog(workdir, start, meta.get(incidents.ENTRIES_KEY))
   live_fit = scaling_live.LiveFit.from_config(config, meta)   # no-op unless scaling.live_every
   watched = incidents.watched(config)   # the monitor or the live scaling fit
   report = functools.partial(incidents.write_report, config, workdir, incident_log, hooks,
@@ -345,6 +345,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
       if step % config.train.ckpt_every == 0 or last or stopping:
         meta['wall_s'] = wall_before + time.time() - t_start
         meta['remediator'] = remediator.state_dict()
+        meta[incidents.ENTRIES_KEY] = len(incident_log.entries)
         streak.save(meta)
         before = incidents.undo_reference(meta, remediator, ref_before_reset)   # or None
         runs.save_checkpoint(config, ckpt, step, state, data_it.get_state(), meta, hooks,

@@ -34,3 +34,40 @@ def test_the_report_words_scores_as_the_console_does(tmp_path):
   assert lines[1] == ('- step 4: nan_loss [critical] since step 4 (score 100; ); '
                       'suggested skip_batch')
   assert '(score None; )' in lines[2]
+
+
+def test_a_stop_during_an_auto_replay_keeps_the_incident_that_restored(tmp_path):
+  """auto restores a checkpoint from before the onset and replays from it; a SIGTERM during the
+  replay checkpoints a step below the one that detected the incident. The resume kept the
+  entries of steps up to that checkpoint's, so the incident and its action vanished from
+  incidents.jsonl, incidents.md and summary.json's count, while the checkpoint's remediator
+  still watched that action. Now the entries logged before the checkpoint are kept."""
+  import os  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  import pytest  # pylint: disable=g-import-not-at-top
+  from rft_jax import runs, trainer  # pylint: disable=g-import-not-at-top
+  from rft_jax.telemetry.hooks import Hook  # pylint: disable=g-import-not-at-top
+  from test_monitor_live import faulty_config  # pylint: disable=g-import-not-at-top
+
+  class StopOnTheReplay(Hook):
+    restored = stopped = None
+
+    def on_rewind(self, step):
+      self.restored = step
+
+    def on_step(self, step, metrics):
+      if self.restored is not None and self.stopped is None:
+        self.stopped = step   # the replay's first step: SIGTERM, stop after it
+        os.kill(os.getpid(), signal.SIGTERM)
+
+  hook = StopOnTheReplay()
+  with pytest.raises(runs.Preempted):
+    trainer.run(faulty_config('auto'), str(tmp_path), hooks_extra=(hook,))
+  log = [json.loads(line) for line in open(tmp_path / 'incidents.jsonl')]
+  restoring = [e for e in log if e['kind'] == 'action' and e['restore_before'] is not None][0]
+  assert hook.stopped == hook.restored + 1 < restoring['step'], (hook.stopped, restoring)
+  summary = trainer.run(faulty_config('auto'), str(tmp_path))
+  after = [json.loads(line) for line in open(tmp_path / 'incidents.jsonl')]
+  assert after[:len(log)] == log   # the incident and its action are still there
+  assert summary['incidents'] == sum(e['kind'] == 'incident' for e in after) >= 1
+  assert 'remediation lower_lr' in (tmp_path / 'incidents.md').read_text()
