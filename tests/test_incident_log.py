@@ -41,7 +41,8 @@ def test_a_stop_during_an_auto_replay_keeps_the_incident_that_restored(tmp_path)
   replay checkpoints a step below the one that detected the incident. The resume kept the
   entries of steps up to that checkpoint's, so the incident and its action vanished from
   incidents.jsonl, incidents.md and summary.json's count, while the checkpoint's remediator
-  still watched that action. Now the entries logged before the checkpoint are kept."""
+  still watched that action; metrics.jsonl lost their records too. Now what was logged before
+  the checkpoint is kept."""
   import os  # pylint: disable=g-import-not-at-top
   import signal  # pylint: disable=g-import-not-at-top
   import pytest  # pylint: disable=g-import-not-at-top
@@ -71,3 +72,10 @@ def test_a_stop_during_an_auto_replay_keeps_the_incident_that_restored(tmp_path)
   assert after[:len(log)] == log   # the incident and its action are still there
   assert summary['incidents'] == sum(e['kind'] == 'incident' for e in after) >= 1
   assert 'remediation lower_lr' in (tmp_path / 'incidents.md').read_text()
+  # metrics.jsonl (api.Run.incidents / actions) keeps them too: it dropped every record of a
+  # step above the checkpoint's, though these were logged before the checkpoint was saved.
+  from rft_jax import api  # pylint: disable=g-import-not-at-top
+  run = api.open_run(str(tmp_path))
+  assert [e for e in run.incidents if e['step'] == restoring['step']], run.incidents
+  assert restoring in [{k: a.get(k) for k in restoring} for a in run.actions]
+  assert [r['step'] for r in run.history] == list(range(1, 31))   # the final trajectory

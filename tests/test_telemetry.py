@@ -158,6 +158,25 @@ def test_jsonl_resume_drops_later_steps(tmp_path):
                          'text': 'resumed from step 5'}
 
 
+def test_jsonl_resume_keeps_what_was_logged_before_a_checkpoint_of_a_replay(tmp_path):
+  """An auto restore at step 6 (to checkpoint 2) replays steps 3-4, checkpoint 4 is saved, and
+  the run dies at step 5. The resume from 4 dropped every record of a step above 4: the
+  incident that restored and the abandoned steps 5-6, though logged before checkpoint 4."""
+  path = tmp_path / 'metrics.jsonl'
+  sink = sinks.JsonlSink(path)
+  for step in range(1, 7):
+    sink.on_step(step, _metrics(step))
+  sink.on_incident(6, {'kind': 'incident', 'signature': 'kl_explosion', 'onset_step': 3})
+  sink.on_message('remediation: restored the checkpoint of step 2 (before onset at step 3)')
+  for step in (3, 4, 5):   # the replay; checkpoint 4 is saved after step 4's record
+    sink.on_step(step, _metrics(step))
+  sink.close()
+  sinks.JsonlSink(path, resume_step=4).close()
+  kept = [(r['kind'], r['step']) for r in sinks.read_jsonl(path)]
+  assert kept == [('train', s) for s in range(1, 7)] + [('incident', 6), ('message', 6),
+                                                         ('train', 3), ('train', 4)], kept
+
+
 def test_jsonl_resume_without_file_creates_it(tmp_path):
   path = tmp_path / 'metrics.jsonl'
   sink = sinks.JsonlSink(path, resume_step=4)

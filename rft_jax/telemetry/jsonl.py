@@ -133,8 +133,8 @@ def _steps(first: int, last: int) -> str:
 class JsonlSink(Hook):
   """Appends one JSON object per event to `path`, each line written to the file as it comes.
 
-  With `resume_step > 0`, lines logged after step `resume_step` by an earlier
-  (crashed) run are dropped first, so the resumed run does not duplicate them;
+  With `resume_step > 0`, lines logged after the checkpoint of step `resume_step` by an
+  earlier (crashed) run are dropped first, so the resumed run does not duplicate them;
   with `resume_step == 0` (nothing to resume) the file starts empty.
 
   A failed write (a full disk) never stops the run: `report` (default: one line on stderr) gets
@@ -170,13 +170,19 @@ class JsonlSink(Hook):
     self._size = self._file.seek(0, os.SEEK_END)   # where the last whole line ends
 
   def _truncate_after(self, step: int) -> None:
-    """Atomically rewrites the file keeping valid records with step <= `step`."""
+    """Atomically rewrites the file keeping the valid records logged before the checkpoint of
+    `step` was saved (up to the last 'train' record of `step`: after an `auto` restore they
+    include the abandoned steps above it and the incident that restored, which a resume
+    during the replay used to drop) and those of steps <= `step` after it."""
+    def records(src):   # the valid records, numbered (two passes: the file may be large)
+      return ((i, line, r) for i, line in enumerate(src) if (r := _decode_line(line)) is not None)
+    with open(self.path, encoding='utf-8') as src:
+      saved = max((i for i, _, r in records(src)
+                   if r.get('kind') == 'train' and r.get('step') == step), default=-1)
     tmp = self.path + '.tmp'
-    with open(self.path, encoding='utf-8') as src, \
-         open(tmp, 'w', encoding='utf-8') as dst:
-      for line in src:
-        record = _decode_line(line)
-        if record is not None and record.get('step', 0) <= step:
+    with open(self.path, encoding='utf-8') as src, open(tmp, 'w', encoding='utf-8') as dst:
+      for i, line, record in records(src):
+        if i <= saved or record.get('step', 0) <= step:
           dst.write(line if line.endswith('\n') else line + '\n')
       dst.flush()
       os.fsync(dst.fileno())
