@@ -353,7 +353,8 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
       if stopping and not last:
         report(stopped=True)   # after the stop's checkpoint: incidents.md of the steps run
         runs.preempt(config, workdir, stop, step, hooks, ckpt)
-  except TrainingError:   # halted, non-finite loss, reward failure: keep what explains it
+  except TrainingError as e:   # halted, non-finite loss, reward failure: keep what explains it
+    hooks.on_stop(str(e))   # metrics.jsonl's record of why (api.open_run(...).messages)
     report(stopped=True)
     runs.close_stopped_run(config, workdir, hooks, ckpt)
     raise

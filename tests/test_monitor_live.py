@@ -105,10 +105,12 @@ def test_non_finite_parameters_stop_the_run_and_keep_the_good_checkpoint(tmp_pat
     message = message.replace('.*', r'.*; monitor.mode=auto did not restore: its '
                               r'restore_and_lower_lr for nonfinite_params \(since step 5\) is '
                               r'being watched until step 15; stopped with the ')
-  with pytest.raises(trainer.TrainingError, match=message):
+  with pytest.raises(trainer.TrainingError, match=message) as stopped:
     trainer.run(config, str(tmp_path))
   assert checkpoint_steps(tmp_path) == [2, 4]
   logged = metrics_records(tmp_path)
+  # Why it stopped is in the log (was only on stderr: api.open_run's messages lacked it).
+  assert {'step': 5, 'kind': 'message', 'text': str(stopped.value)} in logged
   train = [r for r in logged if r['kind'] == 'train']
   assert train[-1]['step'] == 5 and train[-1]['param_norm'] in ('Infinity', 'NaN')   # the cause
   if mode in ('halt', 'auto'):   # (+ nan_loss: the step's 2nd update reads the broken params)
