@@ -310,9 +310,9 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
                                  health=metrics.get(remediator.health_metric))
         if decision is not None and decision.halt:
           raise TrainingError(
-              f'halted at step {step} by the failure monitor: {decision.reason}; '
-              f'{incidents.halt_checkpoints(ckpt.all_steps(), decision.onset)} in '
-              f'{workdir}; see {incident_log.path}')
+              f'halted at step {step} by the failure monitor: {decision.reason}; in {workdir}: '
+              f'{incidents.halt_checkpoints(ckpt.all_steps(), decision.onset)}; '
+              f'see {incident_log.path}')
         if execute(decision):
           continue   # rewound: the steps after the restored checkpoint run again
       # Non-finite parameters stop the run here unless 'auto' restored a checkpoint from before

@@ -1,6 +1,7 @@
 """The failure monitor inside live training runs: detection, halt and auto remediation."""
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -57,7 +58,12 @@ def test_lr_spike_is_detected_within_10_steps_in_warn_mode(tmp_path):
 
 
 def test_halt_mode_stops_and_keeps_the_last_good_checkpoint(tmp_path):
-  with pytest.raises(trainer.TrainingError, match='halted at step'):
+  # The workdir comes before the checkpoints it holds (it followed 'may carry the fault', as
+  # if the fault were in the directory).
+  with pytest.raises(trainer.TrainingError, match=(
+      rf'^halted at step \d+ by the failure monitor: .*; in {re.escape(str(tmp_path))}: last '
+      r'checkpoint before the onset \(step \d+\): step \d+(; checkpoint\(s\) [\d, ]+ from after '
+      r'it may carry the fault)?; see .*incidents.jsonl$')):
     trainer.run(faulty_config('halt'), str(tmp_path))
   steps = sorted(int(d) for d in os.listdir(tmp_path / 'checkpoints') if d.isdigit())
   found = [e for e in incidents(str(tmp_path)) if e['kind'] == 'incident']
@@ -98,9 +104,9 @@ def test_non_finite_parameters_stop_the_run_and_keep_the_good_checkpoint(tmp_pat
   line used to read as if auto had not been on)."""
   config = overflow_config(mode)
   message = ('halted at step 5 by the failure monitor: nan_loss \\(signature nonfinite_params; '
-             r'mode halt\); last checkpoint before the onset \(step 5\): step 4' if mode == 'halt'
-             else 'parameters are no longer finite after step 5.*last good checkpoint '
-                  r'\(step 4\)')
+             r'mode halt\); in .*: last checkpoint before the onset \(step 5\): step 4'
+             if mode == 'halt' else
+             r'parameters are no longer finite after step 5.*last good checkpoint \(step 4\)')
   if mode == 'auto':
     message = message.replace('.*', r'.*; monitor.mode=auto did not restore: its '
                               r'restore_and_lower_lr for nonfinite_params \(since step 5\) is '
