@@ -40,6 +40,20 @@ def test_clipped_value_loss_hand_values():
   assert not np.asarray(clipped0).any()
 
 
+def test_value_clip_indicator_ignores_rounding_inside_the_range():
+  # Values near 0 of either sign: old + (v - old) is often v off by one ulp, and the clipped
+  # term then exceeds the unclipped one by rounding alone. No value here moves by more than the
+  # clip (|v - old| <= 0.15 < 0.2), so vf_clipfrac must be 0 (it was ~0.3% of tokens, and in a
+  # tiny PPO run 0.04 on one device against 0.10 on a 1x4x2 mesh).
+  rng = np.random.default_rng(0)
+  old = (rng.normal(size=20000) * 0.02).astype(np.float32)
+  v = (old + np.clip(rng.normal(size=20000) * 0.05, -0.15, 0.15)).astype(np.float32)
+  ret = np.full(20000, 0.6, np.float32)
+  vf, clipped = critic.clipped_value_loss(jnp.asarray(v), jnp.asarray(old), jnp.asarray(ret), 0.2)
+  assert float(np.asarray(clipped).sum()) == 0
+  np.testing.assert_allclose(vf, 0.5 * (v - ret) ** 2, rtol=1e-5)
+
+
 def test_explained_variance_against_numpy():
   rng = np.random.RandomState(0)
   ret = rng.randn(4, 7).astype(np.float32)

@@ -95,15 +95,20 @@ def clipped_value_loss(vpred_bl, old_values_bl, returns_bl, clip: float):
     v_clip_t = old_v_t + clip(v_t - old_v_t, -c, c)
     vf_t     = 0.5 * max((v_t - R_t)^2, (v_clip_t - R_t)^2)        (c = clip; c = 0: no clipping,
                                                                     vf_t = 0.5 (v_t - R_t)^2)
-  All [B, L]. Returns (vf_bl, clipped_bl): clipped_bl = 1 where the clipped term is the larger
-  (verl's vf_clipfrac indicator; there the gradient of v_t is 0). Mask in the aggregation.
+  All [B, L]. Returns (vf_bl, clipped_bl): clipped_bl = 1 where the clip is active
+  (|v_t - old_v_t| > c) and the clipped term is the larger (verl's vf_clipfrac indicator; there
+  the gradient of v_t is 0). Inside the range v_clip_t equals v_t only up to rounding
+  (old_v + (v - old_v)), and verl's bare `clipped > unclipped` counted those 1-ulp ties: most of
+  a tiny PPO run's vf_clipfrac, and another value on another mesh. Mask in the aggregation.
   """
   unclipped = (vpred_bl - returns_bl) ** 2
   if not clip:
     return 0.5 * unclipped, jnp.zeros_like(unclipped)
-  v_clip = old_values_bl + jnp.clip(vpred_bl - old_values_bl, -clip, clip)
+  delta = vpred_bl - old_values_bl
+  v_clip = old_values_bl + jnp.clip(delta, -clip, clip)
   clipped = (v_clip - returns_bl) ** 2
-  return 0.5 * jnp.maximum(unclipped, clipped), (clipped > unclipped).astype(jnp.float32)
+  active = (jnp.abs(delta) > clip) & (clipped > unclipped)
+  return 0.5 * jnp.maximum(unclipped, clipped), active.astype(jnp.float32)
 
 
 def explained_variance(values_bl, returns_bl, mask_bl):
