@@ -1,8 +1,13 @@
 """Multi-host variables that cannot start jax.distributed: one line naming the variable, exit 2
 (were tracebacks from int() or from inside JAX, exit 1)."""
 import os
+import queue
+import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -47,6 +52,56 @@ def test_main_exits_2_when_no_cluster_is_found(tmp_path, variables):
   assert result.stderr.startswith(f'error: {names}: jax.distributed cannot start'), (
       result.stderr[-2000:])
   assert 'Traceback' not in result.stderr
+
+
+def _alone(process_id: int, **extra) -> subprocess.Popen:
+  """`python -m rft_jax.main` as process process_id of 2, the other never started."""
+  with socket.socket() as s:
+    s.bind(('localhost', 0))
+    port = s.getsockname()[1]
+  env = {k: v for k, v in os.environ.items() if not k.startswith(('JAX_', 'RFT_DISTRIBUTED'))}
+  env.update(JAX_PLATFORMS='cpu', JAX_COORDINATOR_ADDRESS=f'localhost:{port}',
+             JAX_NUM_PROCESSES='2', JAX_PROCESS_ID=str(process_id), **extra)
+  return subprocess.Popen(
+      [sys.executable, '-m', 'rft_jax.main', '--config', 'grpo_arith:tiny', '--workdir',
+       os.devnull + '-unused'], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+
+
+def test_a_process_whose_peers_never_come_exits_2_with_one_line():
+  """JAX waited 300 s, then aborted the process from C++ (a 'Check failure' stack dump, no
+  exit status of ours); now RFT_DISTRIBUTED_TIMEOUT_S bounds the wait with one line."""
+  proc = _alone(0, RFT_DISTRIBUTED_TIMEOUT_S='2')
+  try:
+    _, err = proc.communicate(timeout=150)
+  finally:
+    proc.kill()
+  assert proc.returncode == 2, err[-2000:]
+  assert err.splitlines()[-1].startswith(
+      'error: JAX_COORDINATOR_ADDRESS=localhost:') and (
+      'JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=0: not every process connected within 2 s') in err
+  assert 'Check failure' not in err and 'Traceback' not in err
+
+
+def test_sigterm_while_waiting_for_the_other_processes_stops_at_once():
+  """jax.distributed.initialize blocks in C++, where Python's signal handlers never ran: a
+  SIGTERM (timeout, scancel) left the process waiting out JAX's 300 s."""
+  proc = _alone(1)
+  lines: queue.Queue = queue.Queue()
+  reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr], daemon=True)
+  reader.start()
+  deadline, seen = time.monotonic() + 120, []
+  try:
+    while not any(x.startswith('waiting for every process') for x in seen):
+      seen.append(lines.get(timeout=max(deadline - time.monotonic(), 0.01)))
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 75
+  finally:
+    proc.kill()
+  reader.join(timeout=30)   # stderr closed: it has read what was left
+  while not lines.empty():
+    seen.append(lines.get())
+  assert seen[-1].startswith('stopped: SIGTERM'), seen
 
 
 @pytest.mark.parametrize('env, want', [
