@@ -45,6 +45,11 @@ from rft_jax import recipes
 # pylint: enable=wrong-import-position
 
 USAGE_ERROR = 2
+# --validate_only with the multi-host variables: jax.distributed is not started (it would wait
+# for every host), so the devices of the other hosts are not known (components.check_mesh).
+_UNCHECKED_WITH_SEVERAL_PROCESSES = (
+    ' (config.mesh checked against the model and the batches; against the devices of all the '
+    'processes when the run starts: jax.distributed finds them)')
 _HELP_ARGS = ('-h', '--help', '-help', '--helpshort', '--helpfull')
 PREEMPTED = stop_signals.PREEMPTED   # stopped by SIGTERM/SIGINT; rerun the same command
 
@@ -73,7 +78,8 @@ def main(argv: Sequence[str]) -> int:
     except api.SetupError as e:
       print(f'error: {_one_line(str(e))}', file=sys.stderr)
       return USAGE_ERROR
-    print('config OK')
+    from rft_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
+    print('config OK' + _UNCHECKED_WITH_SEVERAL_PROCESSES * distributed.requested())
     return 0
   problem = api.workdir_problem(workdir)
   if problem:   # before anything heavy is loaded

@@ -194,3 +194,22 @@ def test_validate_names_a_bad_process_count_variable(monkeypatch):
   monkeypatch.setenv('JAX_NUM_PROCESSES', 'x')
   with pytest.raises(api.SetupError, match=r"^JAX_NUM_PROCESSES='x': expected an integer >= 1$"):
     api.validate(api.load_config('grpo_arith:tiny'))
+
+
+def test_validate_only_says_the_mesh_is_not_checked_against_other_hosts_devices(
+    monkeypatch, capsys):
+  """With JAX_NUM_PROCESSES=2, a mesh of 16 devices (on 1 here) printed a bare 'config OK' (the other
+  hosts' devices are not known before jax.distributed starts); the run then exited 2."""
+  from rft_jax import main as main_lib  # pylint: disable=g-import-not-at-top
+  for name in ('JAX_COORDINATOR_ADDRESS', 'RFT_DISTRIBUTED', 'JAX_PROCESS_ID'):
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setenv('JAX_NUM_PROCESSES', '2')
+  monkeypatch.chdir(ROOT)
+  assert main_lib.main(['main', '--config', 'grpo_arith:tiny', '--config.mesh.data=16',
+                        '--validate_only']) == 0
+  out = capsys.readouterr().out
+  assert out.startswith('config OK (') and 'against the devices of all the processes when ' \
+      'the run starts' in out, out
+  monkeypatch.delenv('JAX_NUM_PROCESSES')   # one process: the devices are checked, no note
+  assert main_lib.main(['main', '--config', 'grpo_arith:tiny', '--validate_only']) == 0
+  assert capsys.readouterr().out == 'config OK\n'
