@@ -198,8 +198,8 @@ def test_validate_names_a_bad_process_count_variable(monkeypatch):
 
 def test_validate_only_says_the_mesh_is_not_checked_against_other_hosts_devices(
     monkeypatch, capsys):
-  """With JAX_NUM_PROCESSES=2, a mesh of 16 devices (on 1 here) printed a bare 'config OK' (the other
-  hosts' devices are not known before jax.distributed starts); the run then exited 2."""
+  """With JAX_NUM_PROCESSES=2, a mesh of 16 devices (1 here) printed a bare 'config OK' (the
+  other hosts' devices are not known before jax.distributed starts); the run then exited 2."""
   from rft_jax import main as main_lib  # pylint: disable=g-import-not-at-top
   for name in ('JAX_COORDINATOR_ADDRESS', 'RFT_DISTRIBUTED', 'JAX_PROCESS_ID'):
     monkeypatch.delenv(name, raising=False)
