@@ -19,8 +19,7 @@ is complete per orbax and used, reported as unverified; if restoring it fails, t
 quarantines it and falls back to the previous one (rft_jax/runs.py). A verified one that fails to
 restore is intact, so it is the config that differs: the caller refuses to start. Old checkpoints
 are deleted by renaming them to `<step>.deleting` first, so a deletion cut short is never mistaken
-for a checkpoint. Retention (`keep`) counts verified checkpoints only: an older one is removed only
-after a newer one is verified.
+for a checkpoint. Retention (`keep`) counts verified ones: an older goes once a newer is verified.
 
 Disk. Before saving, free space is compared with 1.2 x the size of the last checkpoint, less the
 params items the next one leaves out, plus those it adds (Checkpointer._needed_bytes; the first
@@ -30,7 +29,7 @@ policy (rft_jax/runs.py). A failed write is said in one line ('No space left on 
 orbax's tracebacks muted (rft_jax/checkpoint_errors.py).
 
 Multi-host: every process verifies; process 0 writes manifests and deletes (the directory is
-shared storage, as orbax requires).
+shared storage, as orbax requires), and the others wait for it before they look again.
 
 Standalone parameter directories (the shipped base policy, `init_from`) hold just the params:
 rft_jax/param_dirs.py.
@@ -47,7 +46,8 @@ from etils import epath
 
 from rft_jax import checkpoint_errors
 from rft_jax.checkpoint_errors import CheckpointReadError  # noqa: F401  (checkpoint.X for callers)
-from rft_jax.checkpoint_manifest import MANIFEST, file_digests, verify
+from rft_jax.checkpoint_manifest import MANIFEST, file_digests, steps_on_disk, verify
+from rft_jax.parallel import hostdata
 from rft_jax.param_dirs import abstract, orbax_module
 from rft_jax.param_dirs import (  # noqa: F401  (checkpoint.X for callers)
     check_params, check_params_out, load_params, save_params)
@@ -67,13 +67,6 @@ class CheckpointSaveError(OSError):
 def tree_nbytes(tree) -> int:
   """Global bytes of the arrays in a pytree."""
   return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, 'dtype'))
-
-
-def _steps_on_disk(directory: str) -> list[int]:
-  if not os.path.isdir(directory):
-    return []
-  return sorted(int(d) for d in os.listdir(directory)
-                if d.isdigit() and os.path.isdir(os.path.join(directory, d)))
 
 
 class Checkpointer:
@@ -98,7 +91,7 @@ class Checkpointer:
     for d in os.listdir(self.directory):
       if d.endswith('.deleting') and self._primary:
         shutil.rmtree(os.path.join(self.directory, d), ignore_errors=True)
-    for step in _steps_on_disk(self.directory):
+    for step in steps_on_disk(self.directory):
       step_dir = os.path.join(self.directory, str(step))
       if not os.path.exists(os.path.join(step_dir, MANIFEST)):
         # Orbax renamed it into place, so it is complete; it only cannot be checked (written by
@@ -136,6 +129,7 @@ class Checkpointer:
       path = os.path.join(self.directory, str(step))
       os.replace(path, path + '.deleting')   # atomic: never a half-deleted "checkpoint"
       shutil.rmtree(path + '.deleting')
+    hostdata.barrier(f'rft_jax delete {step}')   # else another process lists what is deleted
     self._manager.reload()
 
   def delete_after(self, step: int) -> list[int]:

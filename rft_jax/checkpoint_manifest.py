@@ -49,3 +49,11 @@ def verify(step_dir: str) -> str | None:
     if file_crc32(path) != crc:
       return f'{rel} fails its checksum'
   return None
+
+
+def steps_on_disk(directory: str) -> list[int]:
+  """The step directories (digit names) in a checkpoints directory, ascending; [] without it."""
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(d) for d in os.listdir(directory)
+                if d.isdigit() and os.path.isdir(os.path.join(directory, d)))

@@ -34,6 +34,13 @@ def place(x, sharding: jax.sharding.Sharding) -> jax.Array:
   return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
 
+def barrier(name: str) -> None:
+  """Returns once every process has called barrier(name): what process 0 alone does to shared
+  storage (checkpoint deletions, manifests) is then done for all. Nothing with one process."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
 def process_rows(n_rows: int) -> slice:
   """The contiguous rows [i*n/P, (i+1)*n/P) this process (i of P) works on; n % P == 0."""
   count, index = jax.process_count(), jax.process_index()
