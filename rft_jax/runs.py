@@ -262,7 +262,9 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
   hooks.on_start(start, config.train.steps, {
       'recipe': config.name, **recipe, 'workdir': workdir,
       'params': f'{c.model_cfg.num_params():,}',
-      'devices': f'{c.mesh.size} x {jax.devices()[0].platform}'})
+      'devices': f'{c.mesh.size} x {jax.devices()[0].platform}',
+      'mesh': 'x'.join(str(c.mesh.shape[a]) for a in meshlib.MESH_AXES)
+              + ' (data x fsdp x tensor)'})   # with a -1 resolved
   if c.mesh.size < jax.device_count():   # legal on one host, and easy to do by mistake
     hooks.on_message(f'config.mesh={dict(c.mesh.shape)} uses {c.mesh.size} of the '
                      f'{jax.device_count()} devices (set an axis to -1 to use them all)')

@@ -199,6 +199,8 @@ def test_trainer_resharding_for_sampling_reports_its_time_and_trains_the_same(tm
          '--config.telemetry.tensorboard=False', f'--config.rollout.weights_layout={layout}'],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
+    # the resolved mesh is said on the first line (it said only 'devices=8 x cpu')
+    assert 'devices=8 x cpu  mesh=1x4x2 (data x fsdp x tensor)' in out.stdout.splitlines()[0]
     with open(os.path.join(workdir, 'metrics.jsonl')) as f:
       rows[layout] = [r for r in map(json.loads, f) if r['kind'] == 'train']
   assert [r['step'] for r in rows['no_fsdp']] == [1, 2]
