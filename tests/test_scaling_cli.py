@@ -103,3 +103,35 @@ def test_flops_from_a_log_use_the_variant_it_records(tmp_path, capsys):
                         'counted from configs/grpo_arith.py, the recipe and variant named in the '
                         "log, without any overrides the run used; the log's run had 80 steps, "
                         'the recipe has 150'), err
+
+
+@pytest.mark.parametrize('variant', ['', 'tiny'])
+def test_flops_from_a_log_use_the_recipe_file_it_records(tmp_path, capsys, variant):
+  """A run of one's own recipe (a file outside configs/) records its recipe_file; a log without
+  its config.json was refused ('no config to compute it from (recipe 'mine')'), as only
+  configs/<recipe>.py was looked for. A recipe built on grpo_arith:tiny records variant 'tiny'
+  while its own get_config() takes no argument: it is loaded without one."""
+  from configs import grpo_arith  # pylint: disable=g-import-not-at-top
+  from rft_jax.telemetry import flops  # pylint: disable=g-import-not-at-top
+  recipe = tmp_path / 'own_data' / 'recipe.py'
+  recipe.parent.mkdir()
+  recipe.write_text('from configs import grpo_arith\n\n\ndef get_config():\n'
+                    "  config = grpo_arith.get_config('tiny')\n  config.name = 'mine'\n"
+                    '  return config\n')
+  write_log(tmp_path / 'run', with_flops=False, total_steps=4, variant=variant)
+  log = tmp_path / 'run' / 'metrics.jsonl'
+  lines = log.read_text().splitlines()
+  start = json.loads(lines[0])
+  start['config'].update(recipe='mine', recipe_file=str(recipe))
+  log.write_text('\n'.join([json.dumps(start)] + lines[1:]) + '\n')
+  assert cli.main(['fit', str(tmp_path / 'run'), '--n-boot', '20']) == 0
+  assert capsys.readouterr().err == ''
+  doc = json.loads((tmp_path / 'run' / 'scaling' / 'scaling_fit.json').read_text())
+  per_step = flops.step_flops_from_config(grpo_arith.get_config('tiny'), 3.0)['total']
+  assert doc['runs'][0]['points']['compute'][0] == pytest.approx(5 * per_step)
+  assert doc['runs'][0]['compute_source'].startswith(f'step_flops from {recipe}')
+  recipe.unlink()   # moved since the run: named, with what to do
+  assert cli.main(['fit', str(tmp_path / 'run'), '--n-boot', '20']) == 2
+  err = capsys.readouterr().err
+  assert f"the recipe file '{recipe}' the log records is not found" in err, err
+  assert '--config' in err and 'Traceback' not in err

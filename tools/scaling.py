@@ -14,8 +14,9 @@ C = 0. Compute, in this order of preference:
   2. else summed per step from the recipe with rft_jax.telemetry.flops.step_flops_from_config
      and each step's logged `response/len_mean` (max_new_tokens if not logged). The config is
      `--config FILE[:ARG]`, else the run's own `config.json` (the config it ran with,
-     overrides included), else configs/<recipe>.py[:variant] for the recipe and variant named
-     in the log's start record (a log without its run directory). The log does not record
+     overrides included), else the recipe file and variant named in the log's start record
+     (`recipe_file`, a recipe of one's own too; configs/<recipe>.py in a log of before runs
+     recorded the file) for a log without its run directory. The log does not record
      overrides, nor, before runs recorded it, the variant (then the full recipe is used): a
      warning on stderr says so when the variant is unknown or the step count differs.
 After a remediation rewind (monitor.mode='auto') the log holds the abandoned steps, then the
@@ -39,7 +40,6 @@ errors when no run could be fitted, or on bad arguments.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -57,31 +57,8 @@ from rft_jax.telemetry import flops
 from rft_jax.telemetry.records import final_trajectory
 from rft_jax.telemetry.sinks import read_jsonl
 from tools import cli
-
-_FLOPS_KEY = 'compute/flops_cumulative'
-
-
-class UsageError(Exception):
-  """Bad command-line input; main prints it on one line and exits 2."""
-
-
-def load_config(spec: str):
-  """configs/x.py[:arg] (or a shipped recipe's name, 'grpo_arith:tiny', as rft_jax.main takes
-  it) -> its get_config(arg) (the recipe dir is put on sys.path)."""
-  from rft_jax import api  # pylint: disable=g-import-not-at-top
-  path, *arg = api.resolve_recipe(spec).split(':', 1)
-  if not os.path.isfile(path):
-    raise UsageError(f'config file not found: {path!r}')
-  root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
-  if root not in sys.path:
-    sys.path.insert(0, root)
-  module_spec = importlib.util.spec_from_file_location('_scaling_recipe', path)
-  module = importlib.util.module_from_spec(module_spec)
-  try:
-    module_spec.loader.exec_module(module)
-    return module.get_config(*arg)
-  except Exception as e:  # pylint: disable=broad-except
-    raise UsageError(f'config file {path!r} failed to load: {type(e).__name__}: {e}') from None
+from tools.scaling_recipe import FLOPS_KEY as _FLOPS_KEY
+from tools.scaling_recipe import UsageError, load_config, logged_recipe, warn_recipe_guess
 
 
 def pick_metric(evals: Sequence[dict], metric: str | None) -> str:
@@ -103,25 +80,6 @@ def pick_metric(evals: Sequence[dict], metric: str | None) -> str:
 def _step_cost(config, record) -> float:
   gen = record.get('response/len_mean', config.rollout.max_new_tokens)
   return flops.step_flops_from_config(config, float(gen))['total']
-
-
-def _warn_recipe_guess(run: str, spec: str, config, start: dict) -> None:
-  """One line on stderr when the FLOPs counted from the recipe named in the log's start record
-  may not be what ran: its variant unrecorded (a log written before runs recorded it: the full
-  recipe is used, while `:tiny` has other batch sizes), or its step count not the log's
-  (overrides, which the log does not record)."""
-  logged, steps = start.get('total_steps'), config.get('train', {}).get('steps')
-  differs = (f'; the log\'s run had {logged} steps, the recipe has {steps}, so it was not '
-             f'{spec} as it stands' if logged and steps and logged != steps else '')
-  if 'variant' in start.get('config', {}):
-    if differs:
-      print(f'warning: {run}: no config.json beside the log, so FLOPs are counted from {spec}, '
-            f'the recipe and variant named in the log, without any overrides the run used'
-            f'{differs}; pass --config FILE[:ARG] with what the run ran', file=sys.stderr)
-    return
-  print(f'warning: {run}: no config.json beside the log, so FLOPs are counted from {spec}, the '
-        f'full recipe named in the log, not any variant (e.g. :tiny) or overrides the run '
-        f'used{differs}; pass --config FILE[:ARG] with what the run ran', file=sys.stderr)
 
 
 def load_run(run: str, metric: str | None, config_spec: str | None) -> dict[str, Any]:
@@ -147,19 +105,15 @@ def load_run(run: str, metric: str | None, config_spec: str | None) -> dict[str,
     source = f'step_flops from {recorded}'
   elif not logged:
     start = next((r for r in records if r.get('kind') == 'start'), {})
-    recipe, variant = start.get('config', {}).get('recipe'), start.get('config', {}).get('variant')
-    spec = config_spec or (f'configs/{recipe}.py' + (f':{variant}' if variant else '')
-                           if recipe and os.path.isfile(f'configs/{recipe}.py') else None)
-    if spec is None:
-      raise UsageError(f'{run}: no {_FLOPS_KEY} logged and no config to compute it from '
-                       f'(recipe {recipe!r}); pass --config FILE[:ARG]')
+    spec = config_spec or logged_recipe(run, start.get('config', {}))
+    variant = start.get('config', {}).get('variant')
     config = load_config(spec)
     source = f'step_flops from {spec}'
     if not config_spec:
       source += (' (the recipe named in the log; its variant and overrides are unknown)'
                  if variant is None else ' (the recipe and variant named in the log; its '
                  'overrides are unknown)')
-      _warn_recipe_guess(run, spec, config, start)
+      warn_recipe_guess(run, spec, config, start)
   if config is not None and 'rollout' not in config:   # SFT, offline DPO: no rollouts to count
     raise UsageError(f'{run}: no {_FLOPS_KEY} logged, and step_flops counts the rollouts of an '
                      f'RL recipe; {config.get("name", "this recipe")} has none (SFT, DPO)')
