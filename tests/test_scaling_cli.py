@@ -135,3 +135,14 @@ def test_flops_from_a_log_use_the_recipe_file_it_records(tmp_path, capsys, varia
   err = capsys.readouterr().err
   assert f"the recipe file '{recipe}' the log records is not found" in err, err
   assert '--config' in err and 'Traceback' not in err
+
+
+def test_one_run_named_twice_is_fitted_twice(tmp_path, capsys):
+  """Runs were matched to the fitted ones by ==, which compares their fits' arrays: the same
+  run given twice ended in 'error: The truth value of an array ... is ambiguous', exit 2,
+  after its results were written."""
+  write_log(tmp_path / 'run')
+  run = str(tmp_path / 'run')
+  assert cli.main(['fit', run, run, '--n-boot', '20']) == 0
+  captured = capsys.readouterr()
+  assert captured.err == '' and f'compare (sigmoid) {run} vs {run}' in captured.out

@@ -250,7 +250,7 @@ def cmd_fit(args) -> int:
     json.dump(doc, f, indent=1, allow_nan=False)
   plot_fits(ok, png_path, args.target_compute)
   print(f'wrote {json_path} and {png_path}')
-  failed += [r['run'] for r in runs if r not in ok]   # loaded, but every fit failed
+  failed += [r['run'] for r in runs if not any(r is o for o in ok)]   # every fit failed
   if failed:   # was exit 0 beside the others' results
     print(f'error: {len(failed)} of {len(args.runs)} runs could not be fitted: '
           f'{", ".join(failed)}', file=sys.stderr)
