@@ -357,3 +357,12 @@ def test_cli_fit_refuses_an_sft_config_and_a_bad_config_flag(tmp_path, capsys):
 def test_cli_plan_refuses_a_recipe_without_rollouts(capsys):
   assert cli.main(['plan', '--budget', '1e15', '--config', 'configs/sft_arith.py:tiny']) == 2
   assert 'this recipe has none (SFT, DPO)' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('flag,value,said', [('--gen-len', '-3', 'gen_len must be a positive'),
+                                             ('--prompt-len', '-300', 'prompt_len must be a')])
+def test_cli_plan_refuses_a_negative_length(capsys, flag, value, said):
+  """Only prompt_len + gen_len was checked: --gen-len -3 planned rollouts of 253 tokens."""
+  assert cli.main(['plan', '--budget', '1e20', '--model-params', '1e9', flag, value]) == 2
+  err = capsys.readouterr().err
+  assert said in err and err.count('\n') == 1, err

@@ -70,10 +70,11 @@ def plan(budget: float, model_params: float, *, prompt_len: float = 256, gen_len
          max_steps: int = 5000, updates_per_batch: int = 1, use_reference: bool = False) -> Plan:
   """Suggests (group size, prompts per step, steps) for a FLOPs budget; see the module rules."""
   for name, v in (('budget', budget), ('model_params', model_params),
-                  ('prompt_len + gen_len', prompt_len + gen_len),
-                  ('batch_rollouts', batch_rollouts)):
+                  ('gen_len', gen_len), ('batch_rollouts', batch_rollouts)):
     if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
       raise ScalingFitError(f'{name} must be a positive number, got {v!r}')
+  if not (isinstance(prompt_len, (int, float)) and math.isfinite(prompt_len) and prompt_len >= 0):
+    raise ScalingFitError(f'prompt_len must be a number >= 0, got {prompt_len!r}')
   if not 2 <= n_min <= n_max:
     raise ScalingFitError(f'need 2 <= n_min <= n_max, got {n_min}, {n_max}')
   f = rollout_flops(model_params, prompt_len, gen_len, updates_per_batch, use_reference)
