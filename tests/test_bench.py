@@ -176,6 +176,8 @@ def test_bench_runs_the_gpu_preset_scaled_down(tmp_path, capsys):
     (['--workload-json', '{"dtype": "float16"}'], "dtype='float16': must be"),
     (['--recipe', 'configs/sft_arith.py:tiny'], 'for the GRPO-family recipes'),   # tracebacks
     (['--recipe', 'configs/ppo_arith.py:tiny'], 'for the GRPO-family recipes'),
+    (['--out', '/proc/x'], '--out=/proc/x: cannot make the results directory'),   # traceback
+    (['--out', 'README.md'], '--out=README.md: cannot make the results directory'),
 ])
 def test_bad_flags_are_usage_errors_before_any_step(monkeypatch, capsys, argv, message):
   monkeypatch.setattr(bench, 'run_workload', lambda args: pytest.fail('ran the workload'))

@@ -242,6 +242,11 @@ def main(argv=None):
     workload(args)
   except ValueError as e:
     ap.error(str(e))
+  if not args.recipe:
+    try:   # was a FileNotFoundError traceback, after the steps for a file in the way
+      os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+      ap.error(f'--out={args.out}: cannot make the results directory: {e.strerror}')
   missing = missing_compare_modules() if args.compare == 'trl' else []
   if missing:   # before minutes of rft_jax steps, not as a failed row at the end
     ap.error(f"--compare trl needs the 'compare' extra (missing: {', '.join(missing)}): "
@@ -253,7 +258,6 @@ def main(argv=None):
     except bench_recipe.NotTimed as e:   # an SFT, DPO or PPO recipe: was a traceback
       ap.error(str(e))
     return None
-  os.makedirs(args.out, exist_ok=True)
   args.child_env = dict(os.environ)   # the time-to-first-step children's, before the line below
   if not args.skip_first_step and 'XLA_PYTHON_CLIENT_PREALLOCATE' not in os.environ:
     # The time-to-first-step children run while this process is alive: on a GPU, JAX's default
