@@ -226,6 +226,23 @@ def test_algo_table_keeps_an_earlier_invocations_log(tmp_path, monkeypatch):
       f'rft_jax.main --config configs/grpo_arith.py --workdir {out}/grpo'), lines
 
 
+@pytest.mark.parametrize('argv,said', [
+    (['--recipes', ','], "--recipes=',': no recipe named"),   # an IndexError traceback
+    (['--steps', '-1'], '--steps=-1: must be >= 0'),   # every recipe's run failed on it
+    (['--out', '/proc/x'], '--out=/proc/x: cannot make the directory'),   # FileNotFoundError
+    (['--results', '/proc/y'], '--results=/proc/y: cannot make the directory'),
+])
+def test_algo_table_bad_flags_are_one_line_before_any_run(tmp_path, monkeypatch, capsys, argv,
+                                                          said):
+  from tools import algo_table  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(algo_table.subprocess, 'call', lambda *a, **kw: pytest.fail('ran'))
+  with pytest.raises(SystemExit) as e:
+    algo_table.main(['--out', str(tmp_path / 'out'), '--recipes', 'grpo',
+                     '--results', str(tmp_path / 'results'), *argv])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.startswith(f'error: {said}') and err.count('\n') == 1, err
+
+
 BAD_VALUES = [   # (tool, its arguments with a value its flag's type refuses, the flag)
     ('bench', ['--steps', 'abc'], '--steps'),
     ('faultbench', ['--jobs', 'abc'], '--jobs'),

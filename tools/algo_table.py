@@ -163,14 +163,21 @@ def main(argv=None) -> int:
   ap.add_argument('--results', default=os.path.join(ROOT, 'experiments', 'algorithms'))
   args = ap.parse_args(argv)
   names = [n.strip() for n in args.recipes.split(',') if n.strip()]
+  if not names:   # was an IndexError traceback writing the empty table
+    ap.error(f'--recipes={args.recipes!r}: no recipe named; known: {", ".join(RECIPES)}')
+  if args.steps < 0:   # each recipe's run failed on it, one after another
+    ap.error(f"--steps={args.steps}: must be >= 0 (0 = each recipe's own)")
   for name in names:   # before anything runs or is deleted
     if name not in RECIPES:
       ap.error(f'--recipes: unknown recipe {name!r}; known: {", ".join(RECIPES)}')
     problem = workdir_config.check_replaceable(os.path.join(args.out, name))
     if problem:   # a folder of the user's that happens to have a recipe's name
       ap.error(f'--out {args.out}: {problem}; move it or give another --out')
-  os.makedirs(args.out, exist_ok=True)
-  os.makedirs(args.results, exist_ok=True)
+  for flag, path in (('--out', args.out), ('--results', args.results)):
+    try:   # was a FileNotFoundError traceback
+      os.makedirs(path, exist_ok=True)
+    except OSError as e:
+      ap.error(f'{flag}={path}: cannot make the directory: {e.strerror}')
   commit = code_commit()   # before the runs: the results files they write are not code
   rows, notes = [], []
   for name in names:
