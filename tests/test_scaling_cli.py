@@ -146,3 +146,13 @@ def test_one_run_named_twice_is_fitted_twice(tmp_path, capsys):
   assert cli.main(['fit', run, run, '--n-boot', '20']) == 0
   captured = capsys.readouterr()
   assert captured.err == '' and f'compare (sigmoid) {run} vs {run}' in captured.out
+
+
+def test_an_out_that_cannot_be_made_is_one_line(tmp_path, capsys):
+  """--out naming a file (or under /proc) was a FileExistsError traceback after the fits."""
+  write_log(tmp_path / 'run')
+  (tmp_path / 'file').write_text('')
+  assert cli.main(['fit', str(tmp_path / 'run'), '--n-boot', '20', '--out',
+                   str(tmp_path / 'file')]) == 2
+  err = capsys.readouterr().err
+  assert err == f'error: --out={tmp_path}/file: cannot make the directory: File exists\n', err

@@ -27,7 +27,7 @@ re-run steps again; the sum from the recipe counts every train record up to the 
 order). The fit is ScaleRL's sigmoid (default) and/or the power law in 1 - acc
 (rft_jax.scaling), with block-bootstrap intervals. Writes DIR/scaling_fit.json and
 DIR/scaling_fit.png (data, fit, 95% band, extrapolation to the target), DIR defaulting to
-<first RUN_DIR>/scaling; with several runs, each is compared with the first.
+<first RUN_DIR fitted>/scaling; with several runs, each is compared with the first.
 
 `plan` suggests a group size, prompts per step and steps for a FLOPs budget from IsoCompute-
 style rules (rft_jax.scaling.plan), printing its assumptions.
@@ -201,9 +201,18 @@ def plot_fits(runs: Sequence[dict], path: str, target: float | None) -> None:
   fig.savefig(path, dpi=110)
 
 
+def _make_dir(path: str, what: str) -> None:
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise UsageError(f'{what}={path}: cannot make the directory: {e.strerror}') from None
+
+
 def cmd_fit(args) -> int:
   if args.config:   # a bad --config is an error even where the runs' logged FLOPs make it unused
     load_config(args.config)
+  if args.out:   # before the fits (was a FileNotFoundError traceback after them)
+    _make_dir(args.out, '--out')
   runs, failed = [], []
   for run in args.runs:
     try:
@@ -237,7 +246,7 @@ def cmd_fit(args) -> int:
         print(f'compare ({kind}) {names[0]} vs {names[1]}:\n  ' + '\n  '.join(result['text']))
   out = args.out or os.path.join(ok[0]['run'] if os.path.isdir(ok[0]['run'])
                                  else os.path.dirname(ok[0]['run']) or '.', 'scaling')
-  os.makedirs(out, exist_ok=True)
+  _make_dir(out, 'the output directory')
   doc = {'exclude_first': args.exclude_first, 'target_compute': args.target_compute,
          'runs': [{**{k: r[k] for k in ('run', 'metric', 'compute_source', 'R0')},
                    'points': {'step': r['step'], 'compute': r['compute'],
@@ -321,7 +330,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="bound on the asymptote A (default 1.0, an accuracy; 'none': no bound)")
   fit.add_argument('--n-boot', type=int, default=1000)
   fit.add_argument('--seed', type=int, default=0)
-  fit.add_argument('--out', default=None, help='output dir (default <first run>/scaling)')
+  fit.add_argument('--out', default=None, help='output dir (default <first run fitted>/scaling)')
   plan = sub.add_parser('plan', help='split a FLOPs budget (IsoCompute-style heuristics)')
   plan.add_argument('--budget', type=float, required=True, help='training FLOPs')
   plan.add_argument('--model-params', type=float, default=None)
