@@ -178,11 +178,15 @@ def test_bench_runs_the_gpu_preset_scaled_down(tmp_path, capsys):
     (['--recipe', 'configs/ppo_arith.py:tiny'], 'for the GRPO-family recipes'),
     (['--out', '/proc/x'], '--out=/proc/x: cannot make the results directory'),   # traceback
     (['--out', 'README.md'], '--out=README.md: cannot make the results directory'),
+    # flags the chosen bench does not read were ignored: --recipe with --compare compared nothing
+    (['--recipe', 'configs/grpo_arith.py:tiny', '--compare', 'trl', '--steps', '3'],
+     'error: --steps, --compare: not used with --recipe (its flag: --repeats)'),
+    (['--repeats', '3'], 'error: --repeats: not used without --recipe'),
 ])
 def test_bad_flags_are_usage_errors_before_any_step(monkeypatch, capsys, argv, message):
   monkeypatch.setattr(bench, 'run_workload', lambda args: pytest.fail('ran the workload'))
   with pytest.raises(SystemExit) as e:
-    bench.main(['--tiny', '--skip-first-step', *argv])
+    bench.main(argv if '--recipe' in argv else ['--tiny', '--skip-first-step', *argv])
   err = capsys.readouterr().err
   assert e.value.code == 2 and message in err, err
 

@@ -212,6 +212,17 @@ def missing_compare_modules() -> list[str]:
   return [m for m in COMPARE_MODULES if importlib.util.find_spec(m) is None]
 
 
+RECIPE_FLAGS = ('recipe', 'repeats')   # the per-recipe bench's; the others: the workload's
+
+
+def ignored_flags(ap, args) -> list[str]:
+  """The flags given (not at their default) that the chosen bench does not read."""
+  names = [a.dest for a in ap._actions if a.dest != 'help']  # pylint: disable=protected-access
+  unread = [n for n in names if (n in RECIPE_FLAGS) != bool(args.recipe) and n != 'recipe']
+  return ['--' + n.replace('_', '-') for n in unread
+          if getattr(args, n) != ap.get_default(n)]
+
+
 def main(argv=None):
   ap = cli.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument('--steps', type=int, default=20, help='timed steps (after --warmup)')
@@ -232,6 +243,10 @@ def main(argv=None):
   ap.add_argument('--recipe', default=None, help='bench this recipe instead (bench_recipe.py)')
   ap.add_argument('--repeats', type=int, default=10, help='--recipe: timed calls')
   args = ap.parse_args(argv)
+  unused = ignored_flags(ap, args)
+  if unused:   # were ignored without a word (--recipe X --compare trl compared nothing)
+    ap.error(f"{', '.join(unused)}: not used "
+             + ('with --recipe (its flag: --repeats)' if args.recipe else 'without --recipe'))
   if args.tiny:
     args.preset = 'tiny'
   for flag, value, lowest in (('steps', args.steps, 1), ('warmup', args.warmup, 0),
