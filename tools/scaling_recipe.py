@@ -48,8 +48,9 @@ def logged_recipe(run: str, named: dict) -> str:
   recipe, variant = named.get('recipe'), named.get('variant')
   path = named.get('recipe_file') or f'configs/{recipe}.py'
   if not os.path.isfile(path):
-    where = (f'the recipe file {path!r} the log records is not found' if named.get('recipe_file')
-             else f'recipe {recipe!r}')
+    here = '' if os.path.isabs(path) else f', relative to {os.getcwd()}'
+    where = (f'the recipe file {path!r} the log records is not found{here}'
+             if named.get('recipe_file') else f'recipe {recipe!r}')
     raise UsageError(f'{run}: no {FLOPS_KEY} logged and no config to compute it from '
                      f'({where}); pass --config FILE[:ARG]')
   return path + (f':{variant}' if variant and _takes_variant(path) else '')
