@@ -156,3 +156,15 @@ def test_an_out_that_cannot_be_made_is_one_line(tmp_path, capsys):
                    str(tmp_path / 'file')]) == 2
   err = capsys.readouterr().err
   assert err == f'error: --out={tmp_path}/file: cannot make the directory: File exists\n', err
+
+
+@pytest.mark.parametrize('text,said', [('garbage\n', "no records at all: not a run's"),
+                                       ('', "no records at all: not a run's"),
+                                       ('{"step": 1, "kind": "train"}\n', 'no eval records')])
+def test_a_log_without_evals_is_said_so(tmp_path, capsys, text, said):
+  """A file that is no run's log, or a log with no eval yet, was told to 'pass --metric'."""
+  (tmp_path / 'metrics.jsonl').write_text(text)
+  assert cli.main(['fit', str(tmp_path / 'metrics.jsonl'), '--n-boot', '20']) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f'error: {tmp_path}/metrics.jsonl: no eval records') and said in err
+  assert '--metric' not in err, err

@@ -94,6 +94,9 @@ def load_run(run: str, metric: str | None, config_spec: str | None) -> dict[str,
     raise UsageError(f'{run}: no metrics.jsonl')
   records = read_jsonl(path)
   evals = [r for r in final_trajectory(records) if r.get('kind') == 'eval']
+  if not evals:   # was 'no eval accuracy logged (eval metrics: none); pass --metric'
+    raise UsageError(f'{path}: no eval records' + (
+        '' if records else " (no records at all: not a run's metrics.jsonl)"))
   metric = pick_metric(evals, metric)
   logged = any(_FLOPS_KEY in r for r in records if r.get('kind') == 'train')
   config, source = None, f'logged {_FLOPS_KEY}'
