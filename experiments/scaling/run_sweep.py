@@ -11,7 +11,6 @@ without the runs).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -20,6 +19,7 @@ import time
 
 from experiments.scaling import sweep_config as sc
 from rft_jax.telemetry.sinks import read_jsonl
+from tools import cli
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, 'results')
@@ -118,7 +118,7 @@ def cmd_report(_args) -> int:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog='python -m experiments.scaling.run_sweep')
+  parser = cli.ArgumentParser(prog='python -m experiments.scaling.run_sweep')   # one-line errors
   sub = parser.add_subparsers(dest='command', required=True)
   sub.add_parser('run', help='run the sweep (skips finished runs)')
   sub.add_parser('collect', help='runs -> results/points.json')
