@@ -168,3 +168,18 @@ def test_a_log_without_evals_is_said_so(tmp_path, capsys, text, said):
   err = capsys.readouterr().err
   assert err.startswith(f'error: {tmp_path}/metrics.jsonl: no eval records') and said in err
   assert '--metric' not in err, err
+
+
+@pytest.mark.parametrize('flag,value,said', [
+    ('--target-compute', '0', "'0' is not a positive number of FLOPs"),   # refused run by run
+    ('--target-compute', '-1', "'-1' is not a positive number of FLOPs"),
+    ('--target-compute', 'inf', "'inf' is not a positive number of FLOPs"),   # JSON error
+    ('--upper', 'abc', "'abc' is not a number or 'none'"),   # 'invalid _optional_float value'
+    ('--upper', 'nan', "'nan' is not a number or 'none'")])
+def test_a_bad_target_or_upper_is_a_usage_error(tmp_path, capsys, flag, value, said):
+  write_log(tmp_path / 'run')
+  with pytest.raises(SystemExit) as e:
+    cli.main(['fit', str(tmp_path / 'run'), '--n-boot', '20', flag, value])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.startswith(f'error: argument {flag}: {said}'), err
+  assert err.count('\n') == 1 and not (tmp_path / 'run' / 'scaling').exists()

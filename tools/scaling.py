@@ -312,8 +312,29 @@ def _fraction(text: str) -> float:
   return value
 
 
+def _flops(text: str) -> float:
+  """--target-compute: a finite positive number of FLOPs (0, nan and negatives were refused
+  run by run, inf after the fits, when writing the JSON)."""
+  try:
+    value = float(text)
+  except ValueError:
+    value = math.nan
+  if not (math.isfinite(value) and value > 0):
+    raise argparse.ArgumentTypeError(f'{text!r} is not a positive number of FLOPs (e.g. 1e16)')
+  return value
+
+
 def _optional_float(text: str) -> float | None:
-  return None if text.lower() == 'none' else float(text)
+  """--upper: a finite number, or 'none' (was 'invalid _optional_float value')."""
+  if text.lower() == 'none':
+    return None
+  try:
+    value = float(text)
+  except ValueError:
+    value = math.nan
+  if not math.isfinite(value):
+    raise argparse.ArgumentTypeError(f"{text!r} is not a number or 'none'")
+  return value
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -324,7 +345,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   fit.add_argument('runs', nargs='+', help='run dirs (or metrics.jsonl files)')
   fit.add_argument('--exclude-first', type=_fraction, default=0.1, metavar='F',
                    help='leave out points with compute <= F * max compute (default 0.1)')
-  fit.add_argument('--target-compute', type=float, default=None,
+  fit.add_argument('--target-compute', type=_flops, default=None,
                    help='also predict the metric at this many FLOPs')
   fit.add_argument('--config', default=None, help='recipe FILE[:ARG] to compute FLOPs from')
   fit.add_argument('--metric', default=None, help='eval metric (default mean@K, else greedy)')
