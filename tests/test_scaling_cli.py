@@ -183,3 +183,13 @@ def test_a_bad_target_or_upper_is_a_usage_error(tmp_path, capsys, flag, value, s
   err = capsys.readouterr().err
   assert e.value.code == 2 and err.startswith(f'error: argument {flag}: {said}'), err
   assert err.count('\n') == 1 and not (tmp_path / 'run' / 'scaling').exists()
+
+
+def test_a_log_without_a_start_record_says_so(tmp_path, capsys):
+  """A log with no start record (cut from a longer one) was refused as 'recipe None'."""
+  write_log(tmp_path / 'run', with_flops=False)
+  log = tmp_path / 'run' / 'metrics.jsonl'
+  log.write_text(''.join(log.read_text().splitlines(keepends=True)[1:]))
+  assert cli.main(['fit', str(tmp_path / 'run'), '--n-boot', '20']) == 2
+  err = capsys.readouterr().err
+  assert 'the log has no start record naming its recipe); pass --config' in err, err

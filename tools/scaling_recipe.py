@@ -50,7 +50,8 @@ def logged_recipe(run: str, named: dict) -> str:
   if not os.path.isfile(path):
     here = '' if os.path.isabs(path) else f', relative to {os.getcwd()}'
     where = (f'the recipe file {path!r} the log records is not found{here}'
-             if named.get('recipe_file') else f'recipe {recipe!r}')
+             if named.get('recipe_file') else f'recipe {recipe!r}' if recipe
+             else 'the log has no start record naming its recipe')
     raise UsageError(f'{run}: no {FLOPS_KEY} logged and no config to compute it from '
                      f'({where}); pass --config FILE[:ARG]')
   return path + (f':{variant}' if variant and _takes_variant(path) else '')
