@@ -18,7 +18,8 @@ Qwen2.5-0.5B-shaped model in bf16): the update's MFU against the device's nomina
 tools/bench_report.py knows it, decode tokens/s and peak device memory. Results:
 <out>/grpo_<preset>.json and .md.
 `--recipe` runs the older per-recipe bench (tools/bench_recipe.py: sampler and train-step
-tokens/s, XLA FLOP/s, the failure monitor's cost).
+tokens/s, XLA FLOP/s, the failure monitor's cost); it reads only --repeats, and the workload's
+flags given with it (or --repeats without it) are a usage error.
 """
 import dataclasses
 import json
