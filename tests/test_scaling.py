@@ -366,3 +366,14 @@ def test_cli_plan_refuses_a_negative_length(capsys, flag, value, said):
   assert cli.main(['plan', '--budget', '1e20', '--model-params', '1e9', flag, value]) == 2
   err = capsys.readouterr().err
   assert said in err and err.count('\n') == 1, err
+
+
+def test_cli_fit_refuses_to_count_an_online_dpo_run_as_rl(tmp_path, capsys):
+  """Online DPO has rollouts, so its FLOPs were counted as an RL step's (every completion scored
+  and trained, not its one pair per prompt) and fitted, exit 0."""
+  write_run(tmp_path / 'dpo', with_flops=False)
+  from configs import online_dpo_arith  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'dpo' / 'config.json').write_text(
+      json.dumps(online_dpo_arith.get_config('tiny').to_dict()))
+  assert cli.main(['fit', str(tmp_path / 'dpo'), '--n-boot', '50']) == 2
+  assert 'online DPO trains one pair per prompt' in capsys.readouterr().err

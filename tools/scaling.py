@@ -120,6 +120,10 @@ def load_run(run: str, metric: str | None, config_spec: str | None) -> dict[str,
   if config is not None and 'rollout' not in config:   # SFT, offline DPO: no rollouts to count
     raise UsageError(f'{run}: no {_FLOPS_KEY} logged, and step_flops counts the rollouts of an '
                      f'RL recipe; {config.get("name", "this recipe")} has none (SFT, DPO)')
+  if config is not None and 'dpo' in config:   # was counted as an RL step: too many FLOPs
+    raise UsageError(f'{run}: no {_FLOPS_KEY} logged, and step_flops counts an RL step (every '
+                     'completion scored and trained); online DPO trains one pair per prompt, '
+                     'which it does not count')
   base_key = metric.replace('eval/', 'eval/base_')
   cum, spent = 0.0, {}   # spent: id(eval record) -> compute spent before it, in file order
   for r in records:
