@@ -193,3 +193,11 @@ def test_a_log_without_a_start_record_says_so(tmp_path, capsys):
   assert cli.main(['fit', str(tmp_path / 'run'), '--n-boot', '20']) == 2
   err = capsys.readouterr().err
   assert 'the log has no start record naming its recipe); pass --config' in err, err
+
+
+def test_a_negative_seed_is_a_usage_error(tmp_path, capsys):
+  """--seed -1 reached numpy: 'sigmoid: error: expected non-negative integer' under each run,
+  then 'no run could be fitted', the flag unnamed."""
+  write_log(tmp_path / 'run')
+  assert cli.main(['fit', str(tmp_path / 'run'), '--n-boot', '20', '--seed', '-1']) == 2
+  assert capsys.readouterr().err == 'error: --seed=-1: must be >= 0\n'

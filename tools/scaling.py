@@ -375,6 +375,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f'error: --n-boot={args.n_boot}: the intervals need at least 20 bootstrap replicates',
           file=sys.stderr)
     return 2
+  if args.command == 'fit' and args.seed < 0:   # was 'sigmoid: error: expected non-negative
+    print(f'error: --seed={args.seed}: must be >= 0', file=sys.stderr)   # integer', per run
+    return 2
   try:
     return cmd_fit(args) if args.command == 'fit' else cmd_plan(args)
   except (UsageError, ValueError) as e:
