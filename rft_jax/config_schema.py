@@ -202,8 +202,7 @@ def has_key(config: ml_collections.ConfigDict, key: str) -> bool:
 def optional_value(key: str, value: Any) -> Any:
   """`value` for the optional key `key` (OPTIONAL_KEYS), an int made a float where the schema
   wants one (as a recipe's float field takes an int); config.validate checks its type."""
-  section, _, name = key.rpartition('.')
-  wants_float = SCHEMA[section][name] is float
+  wants_float = lookup(SCHEMA, key) is float
   return float(value) if wants_float and type(value) is int else value   # not bool
 
 

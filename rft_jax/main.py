@@ -179,9 +179,10 @@ def parse_command_line(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, 
       with_value = arg
     if key == 'faults':   # a list: absl's config flags override scalars only
       optional.append(('faults', _faults_value(with_value.partition('=')[2])))
-    elif key in config_lib.OPTIONAL_KEYS and not config_lib.has_key(loaded, key):
+    elif key in config_lib.OPTIONAL_KEYS and (key in recipes.RECORDED_KEYS   # absl's config
+                                              or not config_lib.has_key(loaded, key)):   # lacks
       section = key.split('.')[0]
-      if section not in loaded:
+      if '.' in key and section not in loaded:
         raise UsageError(f'config key {key!r} in {arg}: this recipe has no {section!r} section')
       optional.append((key, _optional_value(with_value, key)))
     else:
@@ -264,8 +265,8 @@ def _set_by_us_with_value(key: str) -> bool:
   config.faults, or an optional key that is not a bool (a bool flag takes none)."""
   if key == 'faults':
     return True
-  section, _, name = key.partition('.')
-  return key in config_lib.OPTIONAL_KEYS and config_lib.SCHEMA[section][name] is not bool
+  return (key in config_lib.OPTIONAL_KEYS
+          and config_lib.lookup(config_lib.SCHEMA, key) is not bool)
 
 
 def _faults_value(text: str) -> list:
@@ -284,8 +285,7 @@ def _faults_value(text: str) -> list:
 def _optional_value(arg: str, key: str) -> Any:
   """The value of `--config.<key>=v` (or `--[no]config.<key>` for a bool) for an optional key
   (config_schema.OPTIONAL_KEYS) the recipe does not set, parsed as the schema's type for it."""
-  section, name = key.split('.')
-  kind = config_lib.SCHEMA[section][name]
+  kind = config_lib.lookup(config_lib.SCHEMA, key)
   negated = re.match(r'-{1,2}noconfig\.', arg) is not None
   raw = arg.split('=', 1)[1] if '=' in arg else None
   if kind is bool:

@@ -80,6 +80,9 @@ def load_recipe(spec: str, origin: str | None = None) -> ml_collections.ConfigDi
   return config
 
 
+RECORDED_KEYS = ('variant', 'recipe_file')   # what record_recipe may add to a recipe's config
+
+
 def record_recipe(config: ml_collections.ConfigDict, spec: str) -> None:
   """Records in `config` the recipe `spec` ('path.py[:arg]') that made it, for the run's
   records (config.json, summary.json, the log's start record and console banner): recipe_file

@@ -195,3 +195,19 @@ def test_a_run_records_a_recipe_file_of_ones_own(tmp_path):
   assert json.loads((workdir / 'summary.json').read_text())['recipe_file'] == str(recipe)
   [start] = read_jsonl(str(workdir / 'metrics.jsonl'), kind='start')
   assert start['config']['recipe_file'] == str(recipe) and start['config']['variant'] == ''
+
+
+def test_a_recipe_of_ones_own_takes_a_variant_from_the_command_line(tmp_path):
+  """record_recipe keeps a variant an override sets; on a recipe that sets none, the CLI's
+  `--config.variant=v` (or `--config.variant v`) was refused: 'unknown config key in overrides'
+  (absl's copy of the config lacks the key record_recipe adds), before that 'this recipe has no
+  'variant' section'."""
+  recipe = tmp_path / 'my_recipe.py'
+  recipe.write_text('from configs import grpo_arith\n\n\ndef get_config(arg=""):\n'
+                    "  config = grpo_arith.get_config('tiny')\n"
+                    "  del config['variant']\n  return config\n")
+  for tail in (['--config.variant=small'], ['--config.variant', 'small']):
+    config, _, _ = main_lib.parse_command_line(['main', f'--config={recipe}:x'] + tail)
+    assert (config.variant, config.recipe_file) == ('small', str(recipe))
+  config, _, _ = main_lib.parse_command_line(['main', f'--config={recipe}:x'])
+  assert config.variant == 'x'
