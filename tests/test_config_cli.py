@@ -323,13 +323,15 @@ def test_validate_only_checks_the_mesh_and_init_from(make, override, message, tm
 
 def test_validate_only_leaves_the_device_count_to_a_multi_process_run(monkeypatch, capsys):
   """With jax.distributed's variables set, the other hosts' devices are not known before it
-  starts: a mesh larger than this machine passes (the fixed axes still meet the model)."""
+  starts: a mesh larger than this machine passes (the fixed axes still meet the model), and
+  'config OK' says so (main._UNCHECKED_WITH_SEVERAL_PROCESSES)."""
   import jax  # pylint: disable=g-import-not-at-top
   monkeypatch.chdir(REPO)
   monkeypatch.setenv('RFT_DISTRIBUTED', '1')
   rc = main_lib.main(['main', '--config', 'configs/grpo_arith.py:tiny', '--validate_only',
                       f'--config.mesh.data={2 * jax.device_count()}'])
-  assert rc == 0 and capsys.readouterr().out.strip() == 'config OK'
+  out = capsys.readouterr().out.strip()
+  assert rc == 0 and out == 'config OK' + main_lib._UNCHECKED_WITH_SEVERAL_PROCESSES, out
   rc = main_lib.main(['main', '--config', 'configs/grpo_arith.py:tiny', '--validate_only',
                       '--config.mesh.tensor=3'])
   err = capsys.readouterr().err.strip()
