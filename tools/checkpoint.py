@@ -155,6 +155,7 @@ def _run_dir_hint(path: str) -> str | None:
   """For a run directory or its `checkpoints` directory (neither is a checkpoint): which
   directories to inspect instead, else None."""
   from rft_jax import workdir_config  # pylint: disable=g-import-not-at-top
+  from rft_jax.checkpoint_manifest import steps_on_disk  # pylint: disable=g-import-not-at-top
   if os.path.isfile(os.path.join(path, '_METADATA')):
     return None
   if os.path.basename(os.path.normpath(path)) == 'checkpoints':
@@ -164,8 +165,7 @@ def _run_dir_hint(path: str) -> str | None:
     directory, what = os.path.join(path, 'checkpoints'), 'a run directory'
   else:
     return None
-  steps = sorted(int(n) for n in (os.listdir(directory) if os.path.isdir(directory) else [])
-                 if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
+  steps = steps_on_disk(directory)
   if not steps and directory == path:
     return None
   return (f'{path} is {what}; inspect one of its checkpoints, {os.path.join(directory, "STEP")}'
