@@ -86,11 +86,12 @@ RECORDED_KEYS = ('variant', 'recipe_file')   # what record_recipe may add to a r
 def record_recipe(config: ml_collections.ConfigDict, spec: str) -> None:
   """Records in `config` the recipe `spec` ('path.py[:arg]') that made it, for the run's
   records (config.json, summary.json, the log's start record and console banner): recipe_file
-  is the file; variant its get_config argument ('' = none), unless the config has one (the
-  shipped recipes set it; so may an override). A recipe of one's own need not say either."""
+  is the file, absolute (as config.json records file paths: every record names the same file,
+  from any directory); variant its get_config argument ('' = none), unless the config has one
+  (the shipped recipes set it; so may an override). A recipe of one's own need not say either."""
   path, _, arg = spec.partition(':')
   with config.unlocked():
-    config.recipe_file = path
+    config.recipe_file = os.path.abspath(os.path.expanduser(path))
     if 'variant' not in config:
       config.variant = arg
 

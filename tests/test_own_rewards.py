@@ -211,3 +211,15 @@ def test_a_recipe_of_ones_own_takes_a_variant_from_the_command_line(tmp_path):
     assert (config.variant, config.recipe_file) == ('small', str(recipe))
   config, _, _ = main_lib.parse_command_line(['main', f'--config={recipe}:x'])
   assert config.variant == 'x'
+
+
+def test_the_recipe_file_is_recorded_absolute_in_every_record(monkeypatch):
+  """A recipe given by a relative path (or a shipped one by name, found under the current
+  directory) was recorded as given in summary.json and the log's start record, but absolute in
+  config.json: two records of one run named the file differently, and the relative one could
+  not be found from another directory."""
+  monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  want = os.path.abspath(os.path.join('configs', 'grpo_arith.py'))
+  for spec in ('configs/grpo_arith.py:tiny', 'grpo_arith:tiny'):
+    assert api.load_config(spec).recipe_file == want, spec
+    assert main_lib.parse_command_line(['main', '--config', spec])[0].recipe_file == want, spec
