@@ -15,6 +15,7 @@ import filelock
 import numpy as np
 import pytest
 
+from multihost_fixtures import run_processes
 from rft_jax.models.llama import ModelConfig
 from rft_jax.parallel import mesh as meshlib
 
@@ -155,25 +156,7 @@ def test_model_and_batch_fit():
 
 def test_two_processes_from_env_vars_build_one_global_mesh():
   """The multi-host path (jax.distributed from env vars) with 2 local CPU processes x 4 devices."""
-  import socket
-  with socket.socket() as s:
-    s.bind(('localhost', 0))
-    port = s.getsockname()[1]
-  procs = []
-  for i in range(2):
-    env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO,
-               XLA_FLAGS='--xla_force_host_platform_device_count=4',
-               JAX_COORDINATOR_ADDRESS=f'localhost:{port}', JAX_NUM_PROCESSES='2',
-               JAX_PROCESS_ID=str(i))
-    procs.append(subprocess.Popen(
-        [sys.executable, os.path.join(REPO, 'tests', 'multihost_mesh_check.py')], cwd=REPO,
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-  outs = [p.communicate(timeout=120) for p in procs]
-  for p, (_, err) in zip(procs, outs):
-    assert p.returncode == 0, err[-2000:]
-  # Gloo prints its own lines to stdout; the result is the line marked RESULT.
-  results = [json.loads([line for line in out.splitlines() if 'RESULT ' in line][-1]
-                        .split('RESULT ', 1)[1]) for out, _ in outs]
+  results = run_processes('multihost_mesh_check.py', devices=4, timeout=120)
   # rows of process 0: 0..23; of process 1: 100 + 0..23  ->  2 * 276 + 24 * 100
   expected = 2 * sum(range(24)) + 24 * 100
   for i, r in enumerate(results):
