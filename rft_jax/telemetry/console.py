@@ -182,7 +182,8 @@ class ConsoleSink(Hook):
     self._print(str(text))
 
   def on_stop(self, text):
-    """Not printed: the command line prints the Preempted exception's line, the same text."""
+    """Not printed: the command line prints the exception's line (Preempted, TrainingError),
+    the same text."""
 
   def on_incident(self, step, incident):
     self._print(describe_incident(step, incident))

@@ -12,6 +12,7 @@ Call order for one run::
   on_message(text)                               # any time: notices, warnings
   on_step_message(step, text)                    # a notice about `step` (the step it names)
   on_rewind(step)                                # a remediation restored step's checkpoint
+  on_stop(text)                                  # the run ends early: the exception's line
   on_end(summary)                                # once, if the run finishes
   close()                                        # always (also after a crash)
 
@@ -56,8 +57,9 @@ class Hook:
     self.on_message(text)
 
   def on_stop(self, text: str) -> None:
-    """Called when a stop request (SIGTERM, Ctrl-C) ends the run after its checkpoint, with the
-    line the Preempted exception then carries. Default: on_message(text)."""
+    """Called when the run ends early, with the line of the exception it then raises: a stop
+    request (SIGTERM, Ctrl-C) after its checkpoint (Preempted), or an RL run's TrainingError (a
+    monitor halt, non-finite values, failed rewards, bad input data). Default: on_message(text)."""
     self.on_message(text)
 
   def on_incident(self, step: int, incident: Mapping[str, Any]) -> None:
