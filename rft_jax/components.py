@@ -90,13 +90,12 @@ def _check_vocab(tokenizer, model_cfg: ModelConfig, config) -> None:
                      f'is smaller than the {where}')
 
 
-def _check_chat_template(config, tokenizer) -> bool:
-  """config.task.chat_template, checked against the tokenizer."""
-  chat = config.task.get('chat_template', True)
-  if chat and not getattr(tokenizer, 'chat_template', None):
+def _check_chat_template(config, tokenizer) -> None:
+  """SetupError when config.task.chat_template (default True) is on and the tokenizer has none
+  (pipeline.PromptFormat.of_task renders the prompts with it)."""
+  if config.task.get('chat_template', True) and not getattr(tokenizer, 'chat_template', None):
     raise SetupError(f'config.task.chat_template=True but the tokenizer ({tokenizer!r}) has no '
                      'chat template; set it to False for plain-text prompts')
-  return chat
 
 
 def _like(abstract_state):
