@@ -1,6 +1,8 @@
-"""kill -9 at ten random moments, several of them while a checkpoint is being written: after
-each restart the run goes on from its last complete checkpoint, and the finished run's metrics
-equal those of a run that was never interrupted."""
+"""kill -9 at random moments, some of them while a checkpoint is being written: after each
+restart the run goes on from its last complete checkpoint, and the finished run's metrics equal
+those of a run that was never interrupted. The default suite kills the run 3 times (one
+kill during a checkpoint write); `make test-all` also kills it 10 times (>= 3 during
+writes)."""
 import json
 import os
 import random
@@ -10,12 +12,12 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from rft_jax.telemetry.sinks import read_jsonl
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = 24
-KILLS = 10
+STEPS = 24   # ~60 ms each: the run's cost is its processes' start-ups, one per kill
 KEYS = ('reward/mean', 'loss', 'kl', 'entropy', 'grad_norm', 'response/len_mean')
 
 
@@ -63,12 +65,14 @@ def kill_at(proc, workdir, during_write: bool, delay: float, rows_before: int):
   return None
 
 
-def test_sigkill_ten_times_then_the_run_matches_an_uninterrupted_one(tmp_path):
+@pytest.mark.parametrize('kill_count', [3, pytest.param(10, marks=pytest.mark.slow)])
+def test_sigkill_repeatedly_then_the_run_matches_an_uninterrupted_one(tmp_path, kill_count):
+  """Every third kill (k = 1, 4, 7) lands while a checkpoint is written."""
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
   crashed, clean = str(tmp_path / 'crashed'), str(tmp_path / 'clean')
   rng = random.Random(20261202)
   kills = []
-  for k in range(KILLS):
+  for k in range(kill_count):
     proc = subprocess.Popen(command(crashed), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     when = kill_at(proc, crashed, during_write=k % 3 == 1, delay=rng.uniform(0.0, 0.5),
@@ -79,8 +83,9 @@ def test_sigkill_ten_times_then_the_run_matches_an_uninterrupted_one(tmp_path):
       break
     assert proc.returncode == -signal.SIGKILL
     kills.append(when)
-  assert len(kills) >= 8, kills   # the run is long enough to be killed (nearly) every time
-  assert sum(w.startswith('during') for w in kills) >= 3, kills
+  # the run is long enough to be killed (nearly) every time: 3 of 3, 8 of 10
+  assert len(kills) >= kill_count - kill_count // 5, kills
+  assert sum(w.startswith('during') for w in kills) >= kill_count // 3, kills
 
   final = subprocess.run(command(crashed), cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=300)
