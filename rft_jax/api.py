@@ -134,7 +134,13 @@ def run_config(config: ml_collections.ConfigDict, workdir: str, hooks=()) -> dic
   else:
     from rft_jax import trainer
     run = trainer.run
-  return run(config, workdir, hooks_extra=tuple(hooks)) if hooks else run(config, workdir)
+  import jax
+  from rft_jax import workdir_lock
+  os.makedirs(workdir, exist_ok=True)
+  # One run at a time in a workdir (process 0 of a jax.distributed run takes the lock): a
+  # second invocation raises workdir_lock.WorkdirBusy before it reads anything there.
+  with workdir_lock.held(workdir, take=jax.process_index() == 0):
+    return run(config, workdir, hooks_extra=tuple(hooks)) if hooks else run(config, workdir)
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,

@@ -90,6 +90,7 @@ def main(argv: Sequence[str]) -> int:
   # pylint: disable-next=g-import-not-at-top
   from rft_jax import compile_cache, components, runs
   from rft_jax.checkpoint_errors import CheckpointReadError  # pylint: disable=g-import-not-at-top
+  from rft_jax.workdir_lock import WorkdirBusy  # pylint: disable=g-import-not-at-top
   compile_cache.enable()   # compiled programs are kept on disk for the next run
   # SIGTERM during set-up stops at once (exit 75), Ctrl-C too (KeyboardInterrupt, exit 130);
   # the step loop then installs its own handler, which finishes the current step and
@@ -102,9 +103,10 @@ def main(argv: Sequence[str]) -> int:
     # jax.distributed from JAX_COORDINATOR_ADDRESS etc. (else a no-op), then the recipe's
     # trainer: SFT, DPO or RL.
     api.run_config(config, workdir)
-  except (components.SetupError, FileNotFoundError) as e:
+  except (components.SetupError, FileNotFoundError, WorkdirBusy) as e:
     # Problems only visible once files and devices are opened (mesh too large, checkpoint that
-    # does not match the model): the same one-line usage error as a bad config.
+    # does not match the model, another run in the workdir): the same one-line usage error as a
+    # bad config.
     print(f'error: {_one_line(str(e))}', file=sys.stderr)
     return USAGE_ERROR
   except runs.TrainingError as e:
