@@ -85,6 +85,12 @@ def quiet_unraisable(hook):
   return quiet
 
 
+# Said on stderr at the first Ctrl-C in the step loop, which otherwise showed nothing until the
+# step ended (and a second Ctrl-C, pressed for want of an answer, gave up the step's checkpoint).
+FIRST_CTRL_C = ('\nCtrl-C: stopping after the current step and its checkpoint; '
+                'Ctrl-C again to stop at once (the step is then lost)\n')
+
+
 class StopRequest:
   """Turns SIGTERM and SIGINT into a flag the loop checks between steps (main thread only).
 
@@ -105,6 +111,8 @@ class StopRequest:
   def _handle(self, signum, frame):
     if self.requested and signum == signal.SIGINT:
       raise KeyboardInterrupt
+    if signum == signal.SIGINT and not self.requested:   # a step can take minutes: say so
+      os.write(2, FIRST_CTRL_C.encode())   # os.write: a print here could be inside a print
     self.requested = True
     self.signal_name = signal.Signals(signum).name
 
