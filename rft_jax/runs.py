@@ -297,7 +297,7 @@ def save_checkpoint(config, ckpt: Checkpointer, step: int, state, data_state: di
       raise TrainingError(
           f'the {"final" if step >= config.train.steps else "stop"} checkpoint (step {step}) was '
           f'not saved: {e}; the policy trained up to it is not on disk (latest good checkpoint: '
-          f'{kept}); free space and run the same command to resume from there') from None
+          f'{kept}); free space and run the same command to {_resume_from(good)}') from None
     if len(good) >= need:
       latest = f', the latest at step {good[-1]}' if good else ''
       hooks.on_message(f'checkpoint at step {step} NOT saved: {e}; training goes on with '
@@ -306,7 +306,12 @@ def save_checkpoint(config, ckpt: Checkpointer, step: int, state, data_state: di
     raise TrainingError(
         f'checkpoint at step {step} not saved: {e}; only {len(good)} good checkpoint(s) on '
         f'disk (config.train.min_good_checkpoints={need}), so the run stops rather than train '
-        f'on unprotected; free space and run the same command to resume') from None
+        f'on without it; free space and run the same command to {_resume_from(good)}') from None
+
+
+def _resume_from(good: list[int]) -> str:
+  """What the same command does next, given the good checkpoints' steps."""
+  return f'resume from step {good[-1]}' if good else 'start the run over (no checkpoint yet)'
 
 
 def finish_complete_run(config, workdir, opened) -> dict:

@@ -248,3 +248,18 @@ def test_failed_save_policy_goes_on_with_a_good_checkpoint_else_stops(tmp_path, 
   with pytest.raises(runs.TrainingError, match=r'^the stop checkpoint \(step 4\) was not saved'):
     runs.save_checkpoint(config, ckpt, 4, make_state(4, steps=4), {}, {}, hooks, stopping=True)
   ckpt.close()
+
+
+def test_a_failed_save_says_what_the_same_command_does_next(tmp_path, monkeypatch):
+  """With no good checkpoint there is nothing to resume from: the command starts over."""
+  from rft_jax import runs  # pylint: disable=g-import-not-at-top
+  config = ml_collections.ConfigDict({'train': {'min_good_checkpoints': 1, 'steps': 2}})
+  ckpt = Checkpointer(str(tmp_path / 'ckpts'), keep=2)
+  usage = shutil.disk_usage(str(tmp_path))
+  monkeypatch.setattr(checkpoint.shutil, 'disk_usage', lambda p: usage._replace(free=0))
+  for step in (1, 2):   # the first checkpoint, then the final one
+    with pytest.raises(runs.TrainingError) as e:
+      runs.save_checkpoint(config, ckpt, step, make_state(step, steps=step), {}, {}, _Messages())
+    assert str(e.value).endswith(
+        'free space and run the same command to start the run over (no checkpoint yet)')
+  ckpt.close()
