@@ -295,6 +295,32 @@ def test_a_jsonl_sink_on_a_disk_that_stays_full_reports_what_close_could_not_wri
   assert [r['step'] for r in sinks.read_jsonl(path)] == [1]
 
 
+class _PagedDisk(_Disk):
+  """A disk that allocates whole pages (tmpfs, ext4): cutting a torn line off frees no page, so
+  the next write puts as much down again."""
+
+  def truncate(self, size):
+    self.room += self.file.seek(0, 2) - size
+    return self.file.truncate(size)
+
+
+def test_a_jsonl_sink_on_a_disk_that_stays_full_leaves_no_torn_line(tmp_path):
+  """Each failed write is cut back to the last whole line at once, not at the next write (which
+  on a real disk tore the line again, so a run ending on a full disk left a torn last line)."""
+  path = str(tmp_path / 'metrics.jsonl')
+  sink = sinks.JsonlSink(path, report=lambda text: None)
+  sink.on_step(1, {'loss': 0.5})
+  sink._file = disk = _PagedDisk(sink._file)
+  disk.full, disk.room = True, 9
+  for step in (2, 3):
+    sink.on_step(step, {'loss': 0.5})
+    with open(path, encoding='utf-8') as f:
+      assert f.read().endswith('\n')
+  sink.close()
+  with open(path, encoding='utf-8') as f:
+    assert [json.loads(line)['step'] for line in f] == [1]
+
+
 def test_tensorboard_scalars_still_round_trip_after_the_guard(tmp_path):
   logdir = str(tmp_path / 'tb')
   sink = sinks.TensorBoardSink(logdir)

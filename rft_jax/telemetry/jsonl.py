@@ -15,6 +15,7 @@ apart, which null would not). `read_jsonl` turns them back into floats.
 
 from __future__ import annotations
 
+import contextlib
 import collections
 import json
 import math
@@ -227,6 +228,8 @@ class JsonlSink(Hook):
           self._waited -= 1
           self._late += 1
     except OSError as e:
+      with contextlib.suppress(OSError):   # the torn part, now: a later write may tear it again
+        self._file.truncate(self._size)
       self._waited = len(self._held)
       if self._error is None:
         self._error = OSError(e.errno, e.strerror or str(e), self.path)
