@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from rich.console import Console
 from tensorboardX.proto import event_pb2
 
@@ -147,6 +148,29 @@ def test_plot_run_draws_the_final_trajectory(tmp_path, monkeypatch):
   assert [(r['step'], r['reward/mean']) for r in drawn['train']] == (
       [(s, 1.0) for s in range(1, 6)] + [(s, 2.0) for s in range(6, 13)])
   assert [i['step'] for i in drawn['incidents']] == [10]   # what caused the rewind stays marked
+
+
+def test_a_plot_that_cannot_be_written_leaves_the_earlier_one_whole(tmp_path, monkeypatch):
+  """A full disk while run.png is drawn (a resumed run's end) used to leave a truncated (or
+  empty) run.png in place of the earlier plot."""
+  import errno  # pylint: disable=g-import-not-at-top
+  from matplotlib import figure  # pylint: disable=g-import-not-at-top
+  png = tmp_path / 'run.png'
+  train = [{'step': s, 'reward/mean': 1.0} for s in (1, 2)]
+  plot_lib.plot_records(train, png)
+  before = png.read_bytes()
+
+  def full_disk(self, path, **kwargs):
+    del self, kwargs
+    with open(path, 'wb') as f:
+      f.write(before[:10])
+    raise OSError(errno.ENOSPC, 'No space left on device')
+
+  monkeypatch.setattr(figure.Figure, 'savefig', full_disk)
+  with pytest.raises(OSError, match='No space left'):
+    plot_lib.plot_records(train, png)
+  assert png.read_bytes() == before
+  assert os.listdir(tmp_path) == ['run.png']
 
 
 # ----------------------------------------------------------------------------

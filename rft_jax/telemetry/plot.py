@@ -16,6 +16,7 @@ state), so it is safe in headless processes, threads and notebooks.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -291,7 +292,13 @@ def plot_records(train: Sequence[Mapping[str, Any]], png_path: str | os.PathLike
   fig.suptitle(title)
   png_path = os.fspath(png_path)
   os.makedirs(os.path.dirname(os.path.abspath(png_path)), exist_ok=True)
-  fig.savefig(png_path, dpi=110, format='png')
+  tmp = png_path + '.tmp'   # a failed write (a full disk) leaves the earlier plot whole
+  try:
+    fig.savefig(tmp, dpi=110, format='png')
+    os.replace(tmp, png_path)
+  finally:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
   return fig
 
 
