@@ -3,6 +3,7 @@
 (rft_jax/monitor/remediation.py), whose decision rft_jax/trainer.py executes (its restores:
 rewind). The streak of steps with skipped updates is counted here (SkippedStreak) and reported
 as an incident like those the device finds (signatures.SKIPPED_STREAK)."""
+import contextlib
 import json
 import os
 
@@ -132,8 +133,14 @@ def write_report(config, workdir: str, incident_log: IncidentLog, hooks, enabled
     report = incident_log.report()
     incident_log.retry(last=True)
     if incident_log.primary:
-      with open(os.path.join(workdir, 'incidents.md'), 'w') as f:
-        f.write(f'# Failure monitor report: {config.name}\n\n{report}\n')
+      path = os.path.join(workdir, 'incidents.md')
+      try:   # into a temporary file: a failed write (a full disk) keeps the earlier report
+        with open(path + '.tmp', 'w') as f:
+          f.write(f'# Failure monitor report: {config.name}\n\n{report}\n')
+        os.replace(path + '.tmp', path)
+      finally:
+        with contextlib.suppress(OSError):
+          os.remove(path + '.tmp')
   except OSError as e:
     if not stopped:
       raise

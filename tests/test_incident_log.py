@@ -1,5 +1,6 @@
 """workdir/incidents.jsonl as the trainer reads it back (rft_jax/incidents.py)."""
 import json
+import os
 
 from rft_jax import incidents
 
@@ -79,3 +80,34 @@ def test_a_stop_during_an_auto_replay_keeps_the_incident_that_restored(tmp_path)
   assert [e for e in run.incidents if e['step'] == restoring['step']], run.incidents
   assert restoring in [{k: a.get(k) for k in restoring} for a in run.actions]
   assert [r['step'] for r in run.history] == list(range(1, 31))   # the final trajectory
+
+
+def test_an_incidents_md_that_cannot_be_written_leaves_the_earlier_one_whole(tmp_path,
+                                                                             monkeypatch):
+  """A full disk at a run's end said 'incidents.md not written' but left it empty in place of
+  the report an earlier invocation wrote."""
+  import builtins  # pylint: disable=g-import-not-at-top
+  import errno  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  report = tmp_path / 'incidents.md'
+  report.write_text('# the earlier report\n')
+  log = incidents.IncidentLog(str(tmp_path), resume_step=0)
+  messages = []
+
+  class Hooks:
+    def on_message(self, text):
+      messages.append(text)
+
+  def full_disk(path, mode='r', *args, **kwargs):
+    if 'incidents.md' in str(path) and 'w' in mode:
+      f = builtins.open(path, mode, *args, **kwargs)
+      f.close()   # created (truncated), then the write fails
+      raise OSError(errno.ENOSPC, 'No space left on device')
+    return builtins.open(path, mode, *args, **kwargs)
+
+  monkeypatch.setattr(incidents, 'open', full_disk, raising=False)
+  incidents.write_report(ml_collections.ConfigDict({'name': 'r'}), str(tmp_path), log, Hooks(),
+                         enabled=True, stopped=True)
+  assert messages == ['incidents.md not written: [Errno 28] No space left on device']
+  assert report.read_text() == '# the earlier report\n'
+  assert sorted(os.listdir(tmp_path)) == ['incidents.md']
