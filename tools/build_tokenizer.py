@@ -6,7 +6,8 @@ Trains on ``rft_jax.data.arith.make_corpus()`` (every distinct prompt and
 answer string of the 'base' config). Deterministic: rerunning writes the same
 bytes. The corpus has 18 distinct symbols (4 specials, 10 digits, ``+-*=``)
 and digits are split, so no multi-character pieces exist and the vocabulary
-is exactly 18, below the model's ``vocab_size=32``. Also writes a
+is exactly 18, the built-in model's ``vocab_size`` (configs/common.py
+``tiny_model``). Also writes a
 human-readable ``<prefix>.vocab`` (``piece<TAB>id`` per line).
 """
 
@@ -17,7 +18,7 @@ from rft_jax.data import arith
 from tools import cli
 
 VOCAB_SIZE = 18
-MAX_VOCAB_SIZE = 32  # Embedding rows of the built-in model config.
+MAX_VOCAB_SIZE = 32  # An upper bound only: the built-in model has VOCAB_SIZE embedding rows.
 DEFAULT_PREFIX = os.path.join(tok_lib.ASSETS_DIR, 'arith_spm')
 
 
