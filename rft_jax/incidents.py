@@ -3,13 +3,13 @@
 (rft_jax/monitor/remediation.py), whose decision rft_jax/trainer.py executes (its restores:
 rewind). The streak of steps with skipped updates is counted here (SkippedStreak) and reported
 as an incident like those the device finds (signatures.SKIPPED_STREAK)."""
-import contextlib
 import json
 import os
 
 import jax
 import numpy as np
 
+from rft_jax import atomic_file
 from rft_jax.monitor import monitor as monlib
 from rft_jax.monitor.remediation import Remediator
 from rft_jax.monitor.signatures import SIGNATURES, SKIPPED_STREAK
@@ -77,9 +77,8 @@ class IncidentLog:
   def _rewrite(self) -> None:
     if not self.primary:
       return
-    with open(self.path + '.tmp', 'w') as f:
+    with atomic_file.replacing(self.path) as tmp, open(tmp, 'w') as f:
       f.writelines(json.dumps(e) + '\n' for e in self.entries)
-    os.replace(self.path + '.tmp', self.path)
 
   def count(self, ran: bool) -> int | None:
     """summary.json's 'incidents': how many were raised, or None when nothing watched the run
@@ -134,13 +133,9 @@ def write_report(config, workdir: str, incident_log: IncidentLog, hooks, enabled
     incident_log.retry(last=True)
     if incident_log.primary:
       path = os.path.join(workdir, 'incidents.md')
-      try:   # into a temporary file: a failed write (a full disk) keeps the earlier report
-        with open(path + '.tmp', 'w') as f:
-          f.write(f'# Failure monitor report: {config.name}\n\n{report}\n')
-        os.replace(path + '.tmp', path)
-      finally:
-        with contextlib.suppress(OSError):
-          os.remove(path + '.tmp')
+      # a failed write (a full disk) keeps the earlier report
+      with atomic_file.replacing(path) as tmp, open(tmp, 'w') as f:
+        f.write(f'# Failure monitor report: {config.name}\n\n{report}\n')
   except OSError as e:
     if not stopped:
       raise

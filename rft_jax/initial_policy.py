@@ -27,7 +27,7 @@ import os
 
 import jax
 
-from rft_jax import components
+from rft_jax import atomic_file, components
 from rft_jax.checkpoint_manifest import file_crc32
 from rft_jax.models import hf_checkpoint
 
@@ -163,6 +163,5 @@ def record(workdir: str, described: dict) -> None:
     return
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, RECORD)
-  with open(path + '.tmp', 'w', encoding='utf-8') as f:
+  with atomic_file.replacing(path) as tmp, open(tmp, 'w', encoding='utf-8') as f:
     json.dump(described, f, indent=2, sort_keys=True)
-  os.replace(path + '.tmp', path)

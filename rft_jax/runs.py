@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rft_jax import components, incidents, initial_policy
+from rft_jax import atomic_file, components, incidents, initial_policy
 from rft_jax import config as config_lib
 from rft_jax.workdir_config import (  # noqa: F401  (runs.X for tools and tests)
     RUN_CONFIG, check_workdir_config, record_workdir_config)
@@ -138,10 +138,8 @@ def state_shardings(c: components.Components, tx, controls=None, monitor=None):
 
 
 def write_summary(workdir: str, summary: dict) -> None:
-  tmp = os.path.join(workdir, 'summary.json.tmp')
-  with open(tmp, 'w') as f:
+  with atomic_file.replacing(os.path.join(workdir, 'summary.json')) as tmp, open(tmp, 'w') as f:
     json.dump(summary, f, indent=2)   # in the run's order: a rerun prints the same table
-  os.replace(tmp, os.path.join(workdir, 'summary.json'))
 
 
 def updates_per_step(config) -> int:

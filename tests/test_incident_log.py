@@ -2,6 +2,8 @@
 import json
 import os
 
+import pytest
+
 from rft_jax import incidents
 
 
@@ -111,3 +113,18 @@ def test_an_incidents_md_that_cannot_be_written_leaves_the_earlier_one_whole(tmp
   assert messages == ['incidents.md not written: [Errno 28] No space left on device']
   assert report.read_text() == '# the earlier report\n'
   assert sorted(os.listdir(tmp_path)) == ['incidents.md']
+
+
+def test_a_rewrite_that_fails_keeps_the_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+  """incidents.jsonl is rewritten whole (on resume, and after a failed append) through
+  atomic_file.replacing: a write that fails (a full disk) left incidents.jsonl.tmp behind."""
+  path = tmp_path / 'incidents.jsonl'
+  before = json.dumps({'kind': 'incident', 'step': 4, 'onset_step': 3}) + '\n'
+  path.write_text(before)
+
+  def full_disk(*args, **kwargs):
+    raise OSError(28, 'No space left on device')
+  monkeypatch.setattr(incidents.json, 'dumps', full_disk)
+  with pytest.raises(OSError, match='No space left'):
+    incidents.IncidentLog(str(tmp_path), resume_step=6)
+  assert sorted(os.listdir(tmp_path)) == ['incidents.jsonl'] and path.read_text() == before

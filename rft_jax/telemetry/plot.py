@@ -16,12 +16,12 @@ state), so it is safe in headless processes, threads and notebooks.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rft_jax.atomic_file import replacing
 from rft_jax.telemetry.records import final_trajectory
 from rft_jax.telemetry.sinks import read_jsonl
 
@@ -292,13 +292,8 @@ def plot_records(train: Sequence[Mapping[str, Any]], png_path: str | os.PathLike
   fig.suptitle(title)
   png_path = os.fspath(png_path)
   os.makedirs(os.path.dirname(os.path.abspath(png_path)), exist_ok=True)
-  tmp = png_path + '.tmp'   # a failed write (a full disk) leaves the earlier plot whole
-  try:
+  with replacing(png_path) as tmp:   # a full disk leaves the earlier plot whole
     fig.savefig(tmp, dpi=110, format='png')
-    os.replace(tmp, png_path)
-  finally:
-    with contextlib.suppress(OSError):
-      os.remove(tmp)
   return fig
 
 
