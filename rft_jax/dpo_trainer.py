@@ -30,14 +30,14 @@ import time
 import jax
 import numpy as np
 
-from rft_jax import components, evaluation, rollouts, run_memory, runs, trainer
+from rft_jax import components, evaluation, programs, rollouts, run_memory, runs, trainer
 from rft_jax.algorithms import dpo
 from rft_jax.algorithms import train_state as ts
 from rft_jax.data import arith_pairs, pipeline
 from rft_jax.parallel import hostdata
 from rft_jax.parallel import mesh as meshlib
 from rft_jax.rewards.runner import RewardRunner
-from rft_jax.sampling.sampler import SamplingConfig, extra_stop_ids, make_sampler
+from rft_jax.sampling.sampler import SamplingConfig, extra_stop_ids, shared_sampler
 from rft_jax.sampling.text import decode_completions
 
 # config.dpo.pairs -> fn(data_dir) -> random-access source of {'id', 'prompt', 'chosen',
@@ -113,13 +113,14 @@ class OnlinePairs:
     self.unscored_reported = set()   # verifiers whose failures were said (rollouts.say_unscored)
     self.batch_sh = batch_sh
     r = config.rollout
-    self.sampler = make_sampler(c.graphdef, c.model_cfg, SamplingConfig(
+    self.sampler = shared_sampler(c.graphdef, c.model_cfg, SamplingConfig(
         max_new_tokens=r.max_new_tokens, eos_id=c.tokenizer.eos_id, pad_id=c.tokenizer.pad_id,
         stop_ids=extra_stop_ids(c.tokenizer),
-        temperature=r.temperature, top_k=r.top_k, top_p=r.top_p), group_size=r.group_size)
-    self.prepare = jax.jit(functools.partial(dpo.online_batch, graphdef=c.graphdef,
-                                             group_size=r.group_size),
-                           out_shardings=(batch_sh, rep))
+        temperature=r.temperature, top_k=r.top_k, top_p=r.top_p), r.group_size)
+    self.prepare = programs.shared(
+        'dpo_online_batch', (c.graphdef, r.group_size, batch_sh, rep),
+        lambda: jax.jit(functools.partial(dpo.online_batch, graphdef=c.graphdef,
+                                          group_size=r.group_size), out_shardings=(batch_sh, rep)))
     self.runner = RewardRunner(dict(config.rewards.weights), timeout_s=config.rewards.timeout_s,
                                num_workers=config.rewards.num_workers,
                                memory_mb=config.rewards.get('memory_mb', 0))
@@ -201,7 +202,9 @@ def _run(config, workdir: str, hooks_extra, scope: runs.RunScope) -> dict:
   else:
     t0 = time.time()
     try:
-      table = reference_table(jax.jit(functools.partial(dpo.pair_logps, graphdef=c.graphdef)),
+      pair_logps = programs.shared('dpo_pair_logps', c.graphdef, lambda: jax.jit(
+          functools.partial(dpo.pair_logps, graphdef=c.graphdef)))
+      table = reference_table(pair_logps,
                               ref_params, source, c.tokenizer,
                               max_prompt_len=config.task.max_prompt_len,
                               answer_len=config.dpo.answer_len)
@@ -212,10 +215,13 @@ def _run(config, workdir: str, hooks_extra, scope: runs.RunScope) -> dict:
                      f'{time.time() - t0:.1f}s (the initial policy prefers the chosen answer in '
                      f'{np.mean(table[:, 0] > table[:, 1]):.0%} of them)')
     make_batch = OfflinePairs(data_it, table, batch_sh)
-  step_fn = jax.jit(functools.partial(dpo.train_step, graphdef=c.graphdef, dcfg=dcfg, tx=tx,
-                                      schedule=schedule),
-                    in_shardings=(shardings, batch_sh), out_shardings=(shardings, rep),
-                    donate_argnums=0)
+  step_fn = programs.shared(   # tx, schedule: functions of config.optim
+      'dpo_step', (c.graphdef, dcfg, programs.config_key(config.optim),
+                   programs.tree_key(shardings), batch_sh, rep),
+      lambda: jax.jit(functools.partial(dpo.train_step, graphdef=c.graphdef, dcfg=dcfg, tx=tx,
+                                        schedule=schedule),
+                      in_shardings=(shardings, batch_sh), out_shardings=(shardings, rep),
+                      donate_argnums=0))
   evaluator = evaluation.Evaluator(
       c.graphdef, c.model_cfg, c.tokenizer, components.eval_batch(c, config),
       max_new_tokens=completion_len, k=config.eval.k, temperature=config.eval.temperature,

@@ -10,7 +10,7 @@ import numpy as np
 
 from rft_jax.parallel import hostdata
 from rft_jax.rewards.runner import RewardRunner
-from rft_jax.sampling.sampler import SamplingConfig, extra_stop_ids, make_sampler
+from rft_jax.sampling.sampler import SamplingConfig, extra_stop_ids, shared_sampler
 from rft_jax.sampling.text import decode_completions
 
 
@@ -22,9 +22,9 @@ class Evaluator:
                k: int, temperature: float, seed: int = 0):
     base = dict(max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
                 stop_ids=extra_stop_ids(tokenizer))
-    self._greedy = make_sampler(graphdef, model_cfg, SamplingConfig(temperature=0.0, **base))
-    self._sampled = make_sampler(graphdef, model_cfg,
-                                 SamplingConfig(temperature=temperature, **base), group_size=k)
+    self._greedy = shared_sampler(graphdef, model_cfg, SamplingConfig(temperature=0.0, **base))
+    self._sampled = shared_sampler(graphdef, model_cfg,
+                                   SamplingConfig(temperature=temperature, **base), k)
     self._tokenizer = tokenizer
     self._batch = eval_batch
     self._answers = [str(a) for a in eval_batch['answer']]

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rft_jax import atomic_file, components, incidents, initial_policy
+from rft_jax import atomic_file, components, incidents, initial_policy, programs
 from rft_jax import config as config_lib
 from rft_jax.workdir_config import (  # noqa: F401  (runs.X for tools and tests)
     RUN_CONFIG, check_workdir_config, record_workdir_config)
@@ -120,11 +120,17 @@ def preempt(config, workdir: str, stop: StopRequest, step: int, hooks, ckpt: Che
   raise Preempted(line)
 
 
-def init_state(params, tx, state_shardings, controls=None, monitor=None) -> ts.TrainState:
-  """Fresh TrainState built on device with the target shardings."""
-  make = lambda p: ts.TrainState(step=jnp.int32(0), params=p, opt_state=tx.init(p),
-                                 controls=controls, monitor=monitor)
-  return jax.jit(make, out_shardings=state_shardings)(params)
+def init_state(params, tx, state_shardings, controls=None, monitor=None,
+               tx_key=None) -> ts.TrainState:
+  """Fresh TrainState built on device with the target shardings. tx_key: a value tx is a
+  function of (programs.config_key(config.optim)); the program is then shared with the earlier
+  runs of this process (rft_jax/programs.py)."""
+  make = lambda p, controls, monitor: ts.TrainState(
+      step=jnp.int32(0), params=p, opt_state=tx.init(p), controls=controls, monitor=monitor)
+  build = lambda: jax.jit(make, out_shardings=state_shardings)
+  init = build() if tx_key is None else programs.shared(
+      'init_state', (tx_key, programs.tree_key(state_shardings)), build)
+  return init(params, controls, monitor)
 
 
 def state_shardings(c: components.Components, tx, controls=None, monitor=None):
@@ -204,7 +210,8 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
   scope.callback(data_it.close)
   check_workdir_config(config, workdir)
   shardings = state_shardings(c, tx, controls, monitor)
-  state = init_state(c.params, tx, shardings, controls, monitor)
+  state = init_state(c.params, tx, shardings, controls, monitor,
+                     tx_key=programs.config_key(config.optim))
   if extra is not None:
     shardings, state = shardings.replace(**extra[1]), state.replace(**extra[0])
   ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'), keep=config.train.keep_checkpoints)

@@ -10,7 +10,7 @@ import time
 import jax
 import numpy as np
 
-from rft_jax import components, evaluation, run_memory, runs
+from rft_jax import components, evaluation, programs, run_memory, runs
 from rft_jax.algorithms import sft as sft_step
 from rft_jax.algorithms import train_state as ts
 from rft_jax.data import pipeline
@@ -48,10 +48,13 @@ def _run(config, workdir: str, hooks_extra, scope: runs.RunScope) -> dict:
     return runs.finish_complete_run(config, workdir, opened)
 
   batch_sh, rep = meshlib.batch_sharding(c.mesh), meshlib.replicated(c.mesh)
-  step_fn = jax.jit(functools.partial(sft_step.train_step, graphdef=c.graphdef, tx=tx,
-                                      schedule=schedule),
-                    in_shardings=(shardings, batch_sh), out_shardings=(shardings, rep),
-                    donate_argnums=0)
+  step_fn = programs.shared(   # tx, schedule: functions of config.optim
+      'sft_step', (c.graphdef, programs.config_key(config.optim), programs.tree_key(shardings),
+                   batch_sh, rep),
+      lambda: jax.jit(functools.partial(sft_step.train_step, graphdef=c.graphdef, tx=tx,
+                                        schedule=schedule),
+                      in_shardings=(shardings, batch_sh), out_shardings=(shardings, rep),
+                      donate_argnums=0))
   evaluator = evaluation.Evaluator(
       c.graphdef, c.model_cfg, c.tokenizer, components.eval_batch(c, config),
       max_new_tokens=config.sft.answer_len, k=config.eval.k,

@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rft_jax import (compile_cache, components, evaluation, faults, incidents, rollouts,
-                     run_memory, runs)
+from rft_jax import (compile_cache, components, evaluation, faults, incidents, programs,
+                     rollouts, run_memory, runs)
 from rft_jax import config as config_lib
 from rft_jax.algorithms import kl_control, ppo
 from rft_jax.algorithms import step_fns as step_fns_lib
@@ -35,7 +35,7 @@ from rft_jax.parallel import hostdata
 from rft_jax.parallel import mesh as meshlib
 from rft_jax.rewards import verifiers
 from rft_jax.rewards.runner import RewardRunner
-from rft_jax.sampling.sampler import SamplingConfig, extra_stop_ids, make_sampler
+from rft_jax.sampling.sampler import SamplingConfig, extra_stop_ids, shared_sampler
 from rft_jax.scaling import live as scaling_live
 from rft_jax.telemetry import flops, vocabulary
 from rft_jax.telemetry.metrics import completion_diversity
@@ -83,9 +83,10 @@ def observe(state: ts.TrainState, metrics: dict, *, mcfg, algo=None, rows: int =
 def make_observe(mcfg, algo, rows: int, shardings, rep):
   """jit(observe) as a run uses it (tools/bench times this one): state donated, compiled for
   compile time (compile_cache.light_compile_options)."""
-  return jax.jit(functools.partial(observe, mcfg=mcfg, algo=algo, rows=rows), donate_argnums=0,
-                 out_shardings=(shardings, rep),
-                 compiler_options=compile_cache.light_compile_options())
+  build = lambda: jax.jit(functools.partial(observe, mcfg=mcfg, algo=algo, rows=rows),
+                         donate_argnums=0, out_shardings=(shardings, rep),
+                         compiler_options=compile_cache.light_compile_options())
+  return programs.shared('observe', (mcfg, algo, rows, programs.tree_key(shardings), rep), build)
 
 
 def run(config, workdir: str, hooks_extra=()) -> dict:
@@ -111,8 +112,8 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   rollout_rows = config.rollout.prompts_per_step * config.rollout.group_size
   components.check_batch_splits(config, c.mesh, meshlib.resolved_note(config.mesh, c.mesh))
   memory_est = run_memory.check_memory(c, config, algo)   # one line before an accelerator OOM
-  tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
-  critic_opt = ppo.critic_optimizer(config, algo)   # {} unless PPO
+  tx = ts.make_optimizer(config.optim)
+  critic_opt = ppo.critic_optimizer(config.optim, algo)   # {} unless PPO
   # The reference is the build's initial weights themselves, not a copy (nothing donates them):
   # one copy of the params less on the device, as memory.estimate counts it.
   ref_params = initial_ref = c.params if algo.use_reference else None
@@ -169,27 +170,29 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   @functools.cache
   def sampler(temperature: float, max_new_tokens: int = 0, ignore_eos: bool = False):
     """One compiled sampler per temperature remediation asks for (and per injected fault)."""
-    return make_sampler(c.graphdef, c.model_cfg, SamplingConfig(
+    scfg = SamplingConfig(
         max_new_tokens=max_new_tokens or config.rollout.max_new_tokens,
         eos_id=-1 if ignore_eos else c.tokenizer.eos_id,
         stop_ids=() if ignore_eos else extra_stop_ids(c.tokenizer),
         pad_id=c.tokenizer.pad_id, temperature=temperature, top_k=config.rollout.top_k,
-        top_p=config.rollout.top_p), group_size=config.rollout.group_size)
+        top_p=config.rollout.top_p)
+    return shared_sampler(c.graphdef, c.model_cfg, scfg, config.rollout.group_size)
 
   @functools.cache
   def step_fns(bf16: bool):
     """make_step_fns for this run; bf16=True only under the bf16_logits fault."""
     graphdef = c.graphdef if not bf16 else lm.abstract_params(
         dataclasses.replace(c.model_cfg, dtype='bfloat16'))[0]
-    return step_fns_lib.make_step_fns(graphdef, algo, tx, schedule, shardings, batch_sh, rep,
-                                      critic_opt)
-  corrupt = jax.jit(faults.corrupt_batch, static_argnames='shift_mask', out_shardings=batch_sh)
+    return step_fns_lib.shared_step_fns(graphdef, algo, config.optim, shardings, batch_sh, rep)
+  corrupt = programs.shared('corrupt_batch', batch_sh, lambda: jax.jit(
+      faults.corrupt_batch, static_argnames='shift_mask', out_shardings=batch_sh))
   # Credit-assignment signals on the advantages the loss consumes (rft_jax/monitor/credit.py);
   # none for token-level (PPO) advantages.
   light = compile_cache.light_compile_options()   # small programs: compile time is what counts
-  credit_fn = None if ppo.is_ppo(algo) else jax.jit(functools.partial(
-      credit.credit_metrics, group_size=config.rollout.group_size), out_shardings=rep,
-      static_argnames='first', compiler_options=light)
+  credit_fn = None if ppo.is_ppo(algo) else programs.shared(
+      'credit', (config.rollout.group_size, rep), lambda: jax.jit(functools.partial(
+          credit.credit_metrics, group_size=config.rollout.group_size), out_shardings=rep,
+          static_argnames='first', compiler_options=light))
   primary = verifiers.primary_verifier(config.rewards.weights)
   hard_it = None
   if any(f['type'] == 'curriculum_switch' for f in injector.faults):

@@ -1,10 +1,14 @@
 """Counting a run's compiles from JAX's compile log (jax_log_compiles)."""
 import jax
 
+from rft_jax import programs
+
 
 def assert_compiled_once(run, caplog, names=('train_step', 'prepare_batch', 'observe')):
   """Calls run() with JAX's compile log on and asserts each jitted function in names compiled
-  exactly once ('Compiling jit(<name>)' lines): later steps reused the executable."""
+  exactly once ('Compiling jit(<name>)' lines): later steps reused the executable. Programs an
+  earlier run in this process built (rft_jax/programs.py) are forgotten first."""
+  programs.clear()
   jax.config.update('jax_log_compiles', True)
   try:
     with caplog.at_level('WARNING'):

@@ -349,7 +349,7 @@ def test_ppo_estimate_against_xla_train_step():
     config.algo.critic = mode
     cfg, algo = components.model_config(config), ppo.algo_config(config, use_reference=True)
     graphdef, abstract = lm.abstract_params(cfg)
-    tx, copt = ts.make_optimizer(config.optim), ppo.critic_optimizer(config, algo)
+    tx, copt = ts.make_optimizer(config.optim), ppo.critic_optimizer(config.optim, algo)
 
     def init(abstract=abstract, tx=tx, copt=copt, mode=mode, cfg=cfg):
       params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), nnx.to_pure_dict(abstract))

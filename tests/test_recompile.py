@@ -9,7 +9,7 @@ import jax
 import pytest
 
 from configs import grpo_arith
-from rft_jax import trainer
+from rft_jax import programs, trainer
 from rft_jax.telemetry.hooks import Hook
 
 BACKEND_COMPILE = '/jax/core/compile/backend_compile_duration'
@@ -33,6 +33,7 @@ class CompileCounter(Hook):
 
 @pytest.fixture
 def counter():
+  programs.clear()   # programs an earlier test's run built are built again here
   c = CompileCounter()
   jax.monitoring.register_event_duration_secs_listener(c.listen)
   yield c

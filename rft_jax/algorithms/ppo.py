@@ -65,12 +65,12 @@ def algo_config(config, use_reference: bool = False) -> grpo.GRPOConfig:
   return cls.from_config(config, use_reference=use_reference)
 
 
-def critic_optimizer(config, algo) -> dict:
-  """{'critic_tx', 'critic_schedule'}: optim's AdamW and schedule at lr algo.critic_lr (0 =
-  optim.lr); {} without a critic. Keyword arguments of train_step and extra_state."""
+def critic_optimizer(optim_cfg, algo) -> dict:
+  """{'critic_tx', 'critic_schedule'}: config.optim's AdamW and schedule at lr algo.critic_lr
+  (0 = optim.lr); {} without a critic. Keyword arguments of train_step and extra_state."""
   if not is_ppo(algo):
     return {}
-  optim = config.optim.copy_and_resolve_references()
+  optim = optim_cfg.copy_and_resolve_references()
   if algo.critic_lr:
     optim.lr = algo.critic_lr
   return {'critic_tx': ts.make_optimizer(optim), 'critic_schedule': ts.lr_schedule(optim)}

@@ -3,7 +3,8 @@ import functools
 
 import jax
 
-from rft_jax.algorithms import grpo, grpo_fused, ppo
+from rft_jax import programs
+from rft_jax.algorithms import grpo, grpo_fused, ppo, train_state
 
 
 def make_step_fns(graphdef, algo, tx, schedule, shardings, batch_sh, rep, critic_opt=None):
@@ -29,6 +30,19 @@ def make_step_fns(graphdef, algo, tx, schedule, shardings, batch_sh, rep, critic
                                       tx=tx, schedule=schedule),
                     out_shardings=(shardings, rep, batch_sh), donate_argnums=0)
   return prepare, train_step, fused
+
+
+def shared_step_fns(graphdef, algo, optim_cfg, shardings, batch_sh, rep):
+  """make_step_fns with config.optim's optimizer (optim_cfg; and PPO's critic's), shared with the
+  earlier runs of this process that asked for the same (rft_jax/programs.py): a second run does
+  not trace and lower them again."""
+  def build():
+    tx, schedule = train_state.make_optimizer(optim_cfg), train_state.lr_schedule(optim_cfg)
+    return make_step_fns(graphdef, algo, tx, schedule, shardings, batch_sh, rep,
+                         ppo.critic_optimizer(optim_cfg, algo))
+  key = (graphdef, algo, programs.config_key(optim_cfg), programs.tree_key(shardings), batch_sh,
+         rep)
+  return programs.shared('step_fns', key, build)
 
 
 SKIP_KEYS = ('update_skipped', 'critic/update_skipped')

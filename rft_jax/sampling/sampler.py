@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from rft_jax import programs
 from rft_jax.models import functional as lm
 from rft_jax.models.llama import ModelConfig
 
@@ -205,3 +206,10 @@ def make_sampler(graphdef, model_cfg: ModelConfig, cfg: SamplingConfig, group_si
     return sample(graphdef, params, prompt_tokens_bp, prompt_mask_bp, rng,
                   model_cfg=model_cfg, cfg=cfg, group_size=group_size)
   return jax.jit(fn)
+
+
+def shared_sampler(graphdef, model_cfg: ModelConfig, cfg: SamplingConfig, group_size: int = 1):
+  """make_sampler's program, shared with earlier runs of this process that sampled the same way
+  (rft_jax/programs.py): a second run does not trace and lower it again."""
+  return programs.shared('sampler', (graphdef, model_cfg, cfg, group_size),
+                         lambda: make_sampler(graphdef, model_cfg, cfg, group_size))
