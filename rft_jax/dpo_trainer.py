@@ -182,7 +182,7 @@ def _run(config, workdir: str, hooks_extra, scope: runs.RunScope) -> dict:
         source, c.tokenizer, seed=config.seed, max_prompt_len=config.task.max_prompt_len,
         answer_len=config.dpo.answer_len, **share))
     completion_len = config.dpo.answer_len
-  opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra, scope=scope,
+  opened = runs.open_run(config, workdir, c, data_it, hooks_extra, scope=scope,
                          console_keys=ONLINE_CONSOLE_KEYS if online else CONSOLE_KEYS)
   state, shardings, ckpt, meta, hooks, start, _ = opened
   hooks.on_message(f'memory estimate: {memory_est.describe()}')

@@ -120,16 +120,14 @@ def preempt(config, workdir: str, stop: StopRequest, step: int, hooks, ckpt: Che
   raise Preempted(line)
 
 
-def init_state(params, tx, state_shardings, controls=None, monitor=None,
-               tx_key=None) -> ts.TrainState:
-  """Fresh TrainState built on device with the target shardings. tx_key: a value tx is a
-  function of (programs.config_key(config.optim)); the program is then shared with the earlier
-  runs of this process (rft_jax/programs.py)."""
+def init_state(params, tx, state_shardings, controls=None, monitor=None, tx_key=None):
+  """Fresh TrainState built on device with the target shardings. tx_key: what tx is a function
+  of (programs.config_key(config.optim)), to share the program (rft_jax/programs.py)."""
   make = lambda p, controls, monitor: ts.TrainState(
       step=jnp.int32(0), params=p, opt_state=tx.init(p), controls=controls, monitor=monitor)
   build = lambda: jax.jit(make, out_shardings=state_shardings)
-  init = build() if tx_key is None else programs.shared(
-      'init_state', (tx_key, programs.tree_key(state_shardings)), build)
+  key = (tx_key, programs.tree_key(state_shardings))
+  init = build() if tx_key is None else programs.shared('init_state', key, build)
   return init(params, controls, monitor)
 
 
@@ -194,7 +192,7 @@ class RunScope(contextlib.ExitStack):
     return False
 
 
-def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra=(), *,
+def open_run(config, workdir, c: components.Components, data_it, hooks_extra=(), *,
              scope: RunScope, console_keys=sinks.DEFAULT_CONSOLE_KEYS, controls=None,
              monitor=None, extra=None, uses_reference=True):
   """Creates or resumes a run -> (state, state shardings, checkpointer, meta, hooks, start step).
@@ -209,6 +207,7 @@ def open_run(config, workdir, c: components.Components, tx, data_it, hooks_extra
   """
   scope.callback(data_it.close)
   check_workdir_config(config, workdir)
+  tx = ts.make_optimizer(config.optim)   # what the step functions update with
   shardings = state_shardings(c, tx, controls, monitor)
   state = init_state(c.params, tx, shardings, controls, monitor,
                      tx_key=programs.config_key(config.optim))
@@ -326,8 +325,7 @@ def finish_complete_run(config, workdir, opened) -> dict:
           f'{start} steps, more than config.train.steps={config.train.steps}')
   hooks.on_message(f'run already complete ({done}) in {workdir}; delete the workdir or raise '
                    f'config.train.steps above {start} to train further')
-  path = os.path.join(workdir, 'summary.json')
-  summary = None
+  path, summary = os.path.join(workdir, 'summary.json'), None
   if os.path.exists(path):   # the finished run's own record (with fields like 'incidents')
     try:
       with open(path, encoding='utf-8') as f:

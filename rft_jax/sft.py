@@ -38,7 +38,7 @@ def _run(config, workdir: str, hooks_extra, scope: runs.RunScope) -> dict:
       answer_len=config.sft.answer_len, seed=config.seed,
       teacher_error_rate=config.sft.teacher_error_rate,
       **components.process_share(config)))   # sft.batch_size's rows
-  opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra, scope=scope,
+  opened = runs.open_run(config, workdir, c, data_it, hooks_extra, scope=scope,
                          console_keys=(('loss', 'loss'), ('token_acc', 'token acc')),
                          uses_reference=False)
   state, shardings, ckpt, meta, hooks, start, _ = opened

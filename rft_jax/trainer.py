@@ -81,8 +81,8 @@ def observe(state: ts.TrainState, metrics: dict, *, mcfg, algo=None, rows: int =
 
 
 def make_observe(mcfg, algo, rows: int, shardings, rep):
-  """jit(observe) as a run uses it (tools/bench times this one): state donated, compiled for
-  compile time (compile_cache.light_compile_options)."""
+  """jit(observe) as a run uses it (tools/bench times this one; shared: programs.py): state
+  donated, compiled for compile time (compile_cache.light_compile_options)."""
   build = lambda: jax.jit(functools.partial(observe, mcfg=mcfg, algo=algo, rows=rows),
                          donate_argnums=0, out_shardings=(shardings, rep),
                          compiler_options=compile_cache.light_compile_options())
@@ -112,8 +112,6 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   rollout_rows = config.rollout.prompts_per_step * config.rollout.group_size
   components.check_batch_splits(config, c.mesh, meshlib.resolved_note(config.mesh, c.mesh))
   memory_est = run_memory.check_memory(c, config, algo)   # one line before an accelerator OOM
-  tx = ts.make_optimizer(config.optim)
-  critic_opt = ppo.critic_optimizer(config.optim, algo)   # {} unless PPO
   # The reference is the build's initial weights themselves, not a copy (nothing donates them):
   # one copy of the params less on the device, as memory.estimate counts it.
   ref_params = initial_ref = c.params if algo.use_reference else None
@@ -128,10 +126,10 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
       c.train_source, c.tokenizer, max_prompt_len=config.task.max_prompt_len, seed=config.seed,
       bad_records=skipped, **share))
   controls0 = Controls(kl_coef=algo.kl_coef, temperature=config.rollout.temperature)
-  opened = runs.open_run(config, workdir, c, tx, data_it, hooks_extra, scope=scope,
+  opened = runs.open_run(config, workdir, c, data_it, hooks_extra, scope=scope,
                          controls=device_controls(controls0, config, 1),
                          monitor=monlib.init_monitor(mcfg) if mcfg else None,
-                         extra=ppo.extra_state(c, algo, **critic_opt),
+                         extra=ppo.extra_state(c, algo, **ppo.critic_optimizer(config.optim, algo)),
                          uses_reference=algo.use_reference)
   state, shardings, ckpt, meta, hooks, start, reset_ref = opened
   hooks.on_message(f'memory estimate: {memory_est.describe()}')
