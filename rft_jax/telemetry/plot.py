@@ -240,7 +240,7 @@ def _events_legend(fig, colors: Mapping[str, str], remediations: bool) -> None:
   if remediations:
     handles.append(Line2D([], [], color='black', linestyle=':', label='remediation'))
   if handles:
-    fig.legend(handles=handles, loc='outside lower center', ncols=min(len(handles), 6),
+    fig.legend(handles=handles, loc='lower center', ncols=min(len(handles), 6),
                fontsize=8, title='incidents', title_fontsize=8)
 
 
@@ -265,7 +265,9 @@ def plot_records(train: Sequence[Mapping[str, Any]], png_path: str | os.PathLike
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   train = [dict(r) for r in train]
   evals = [dict(r) for r in evals]
-  fig = Figure(figsize=(15, 8.5), layout='constrained')
+  # Fixed margins, not layout='constrained': that measured every tick label, ~0.6 s of a ~1 s
+  # plot drawn at the end of every run.
+  fig = Figure(figsize=(15, 8.5))
   FigureCanvasAgg(fig)
   axes = fig.subplots(2, 3)
   supervised = supervised_panels(train)
@@ -290,6 +292,8 @@ def plot_records(train: Sequence[Mapping[str, Any]], png_path: str | os.PathLike
     _events_legend(fig, colors, bool(remediations))
 
   fig.suptitle(title)
+  fig.subplots_adjust(left=0.045, right=0.99, top=0.925, bottom=0.13 if fig.legends else 0.07,
+                      wspace=0.17, hspace=0.3)
   png_path = os.fspath(png_path)
   os.makedirs(os.path.dirname(os.path.abspath(png_path)), exist_ok=True)
   with replacing(png_path) as tmp:   # a full disk leaves the earlier plot whole
