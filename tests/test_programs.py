@@ -84,6 +84,24 @@ def test_runs_that_differ_in_one_keyed_value_each_train_as_fresh_processes_would
     assert_same_metrics(in_turn[i], alone)
 
 
+def test_a_function_patched_between_two_runs_is_traced_again(tmp_path, monkeypatch):
+  """A notebook that edits or monkeypatches the loss between two runs trains the new one: the
+  shared step program is dropped when its module's functions change (programs.code_versions).
+  Here the patched loss is twice the old, so the first step's gradient norm doubles."""
+  from rft_jax.algorithms import grpo  # pylint: disable=g-import-not-at-top
+  programs.clear()
+  first, _ = run_compiling(tiny(), str(tmp_path / 'first'))
+  loss_fn = grpo.loss_fn
+
+  def doubled(*args, **kwargs):
+    loss_sum, aux = loss_fn(*args, **kwargs)
+    return 2.0 * loss_sum, aux
+
+  monkeypatch.setattr(grpo, 'loss_fn', doubled)
+  second, _ = run_compiling(tiny(), str(tmp_path / 'second'))
+  np.testing.assert_allclose(second[1]['grad_norm'], 2.0 * first[1]['grad_norm'], rtol=1e-4)
+
+
 def test_shared_builds_once_per_key_and_mesh_and_drops_the_least_recently_used(monkeypatch):
   programs.clear()
   monkeypatch.setattr(programs, 'MAX_PROGRAMS', 2)

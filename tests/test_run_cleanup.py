@@ -13,7 +13,7 @@ from multiprocessing import resource_tracker
 
 import pytest
 
-from rft_jax import api, evaluation, programs, runs
+from rft_jax import api, evaluation, runs
 from rft_jax.algorithms import sft as sft_step
 from rft_jax.rewards import verifiers
 from rft_jax.stop_signals import SetupInterrupted
@@ -141,7 +141,6 @@ def test_an_sft_error_leaves_no_threads_or_files(tmp_path, monkeypatch, where):
     def step(*args, **kwargs):
       raise boom
     monkeypatch.setattr(sft_step, 'train_step', step)
-    programs.clear()   # an earlier SFT run's step program (rft_jax/programs.py) would not call it
   config = api.load_config('sft_arith:tiny', {'train.steps': 1, 'telemetry.tensorboard': True})
   check_released(lambda: api.train(config, str(tmp_path), progress=False), RuntimeError,
                  same_as=boom)
