@@ -1,0 +1,87 @@
+"""A key set where it has no effect (read only under another setting) is one warning line at the
+start of the run (config.start_warnings, via rft_jax/config_unused.py); recipe defaults left
+alone are never reported."""
+import glob
+import importlib.util
+import os
+
+import pytest
+
+from rft_jax import api
+from rft_jax import config as config_lib
+from rft_jax import config_unused
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _unused(config):
+  return [w for w in config_lib.start_warnings(config) if 'is not used' in w]
+
+
+@pytest.mark.parametrize('recipe, overrides, key, setting', [
+    ('grpo_arith', {'algo.max_len': 8}, 'algo.max_len', "loss_agg='seq_mean_token_sum_norm'"),
+    ('ppo_arith', {'algo.max_len': 8}, 'algo.max_len', "loss_agg='seq_mean_token_sum_norm'"),
+    ('grpo_arith', {'algo.kl_target': 0.05}, 'algo.kl_target', "algo.kl_ctrl='adaptive'"),
+    ('rloo_arith', {'algo.kl_horizon': 500.0}, 'algo.kl_horizon', "algo.kl_ctrl='adaptive'"),
+    ('gspo_arith', {'algo.max_sampling_rounds': 2}, 'algo.max_sampling_rounds',
+     'algo.dynamic_sampling=True'),
+    ('cispo_arith', {'algo.dynamic_sampling_metric': 'reward'}, 'algo.dynamic_sampling_metric',
+     'algo.dynamic_sampling=True'),
+    ('dapo_arith', {'algo.dynamic_sampling': False, 'algo.max_sampling_rounds': 2},
+     'algo.max_sampling_rounds', 'algo.dynamic_sampling=True'),
+    ('dapo_arith', {'algo.overlong': 'mask', 'algo.overlong_cache': 3}, 'algo.overlong_cache',
+     "algo.overlong='soft'"),
+    ('dr_grpo_arith', {'algo.overlong_cache': 2}, 'algo.overlong_cache', "algo.overlong='soft'"),
+])
+def test_a_key_set_where_it_is_not_read_is_one_warning_naming_the_setting(
+    recipe, overrides, key, setting):
+  config = api.load_config(recipe + ':tiny', overrides)
+  [line] = _unused(config)
+  value = overrides[key]
+  assert line.startswith(f'warning: config.{key}={value!r} is not used: '), line
+  assert setting in line and '\n' not in line
+
+
+@pytest.mark.parametrize('recipe, overrides', [
+    ('dr_grpo_arith', {'algo.max_len': 8}),                        # Dr.GRPO reads it
+    ('grpo_arith', {'algo.kl_ctrl': 'adaptive', 'algo.kl_target': 0.05}),
+    ('dapo_arith', {'algo.max_sampling_rounds': 2}),
+    ('dapo_arith', {'algo.overlong': 'mask'}),            # the recipe's overlong_cache, untouched
+    ('dapo_arith', {'algo.dynamic_sampling': False}),     # the recipe's max_sampling_rounds
+    ('grpo_arith', {'algo.kl_target': 0.1}),              # the default: no change
+])
+def test_a_key_that_is_read_or_left_at_the_recipe_default_is_not_reported(recipe, overrides):
+  assert _unused(api.load_config(recipe + ':tiny', overrides)) == []
+
+
+def test_without_a_recipe_file_the_code_defaults_are_the_baseline():
+  config = api.load_config('dapo_arith:tiny', {'algo.overlong': 'mask'})
+  del config['recipe_file']   # a config built in code: dapo's overlong_cache=2 is then a change
+  [line] = _unused(config)
+  assert line.startswith('warning: config.algo.overlong_cache=2 is not used')
+
+
+def test_the_defaults_are_grpo_configs():
+  from rft_jax.algorithms import grpo  # pylint: disable=g-import-not-at-top
+  for rule in config_unused.CONDITIONAL:
+    assert getattr(grpo.GRPOConfig(), rule.key) == rule.default, rule.key
+
+
+def _shipped_recipes():
+  for path in sorted(glob.glob(os.path.join(REPO, 'configs', '*.py'))):
+    spec = importlib.util.spec_from_file_location('_recipe', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for variant in getattr(module, 'VARIANTS', ()):
+      yield path + (f':{variant}' if variant else '')
+
+
+def test_a_plain_recipe_with_no_overrides_warns_of_no_unused_key():
+  """(The :tiny variants' 4-step runs do warn that monitor.warmup >= train.steps.)"""
+  specs = list(_shipped_recipes())
+  assert len(specs) >= 13   # every recipe in configs/, each variant
+  for spec in specs:
+    config = api.load_recipe(spec)   # as loaded, before validation (gsm8k's needs its data)
+    assert _unused(config) == [], spec
+    if ':' not in spec:   # the full recipes: nothing at all
+      assert config_lib.start_warnings(config) == [], spec
