@@ -67,7 +67,9 @@ def load_config(recipe: str, overrides: Mapping[str, Any] | None = None,
 
   recipe: 'grpo_arith', 'grpo_arith:tiny' or 'configs/grpo_arith.py[:tiny]'.
   overrides: dotted keys, {'train.steps': 20, 'optim.lr': 1e-4}; keyword arguments may write
-  the dots as double underscores (train__steps=20).
+  the dots as double underscores (train__steps=20). A dict for a section merges into it key by
+  key ({'monitor': {'mode': 'warn'}} = {'monitor.mode': 'warn'}); one for rewards.weights
+  replaces the weights.
   Raises RecipeError or ConfigError, each with a one-line message.
   """
   config = load_recipe(resolve_recipe(recipe), origin=repr(recipe))

@@ -138,8 +138,11 @@ def apply_overrides(config: ml_collections.ConfigDict,
   Raises ConfigError naming the key: an unknown key (with a did-you-mean hint), a section
   replaced by a value, or a value of the wrong type (an int is accepted for a float). An
   optional key the recipe leaves out (config_schema.OPTIONAL_KEYS) is added, as on the CLI.
+  A dict for a section merges into it key by key ({'monitor': {'mode': 'warn'}} is
+  {'monitor.mode': 'warn'}: the section's other keys stay); a dict for a free mapping of names
+  (rewards.weights) replaces it.
   """
-  for key, value in overrides.items():
+  for key, value in _dotted(overrides):
     value = config_lib.plain_value(value)   # np.int64(3) -> 3
     section, _, name = key.rpartition('.')
     if key in config_lib.OPTIONAL_KEYS and section in config and name not in config[section]:
@@ -162,6 +165,25 @@ def apply_overrides(config: ml_collections.ConfigDict,
       raise ConfigError(key, f'expected {config_lib.type_name(node)}, got '
                         f'{config_lib.type_name(value)}', value) from None
   return config
+
+
+def _dotted(overrides: Mapping[str, Any], prefix: str = ''):
+  """(dotted key, value) pairs of `overrides`, a dict given for a schema section (SCHEMA)
+  spread into its keys, recursively: {'monitor': {'mode': 'warn'}} -> ('monitor.mode', 'warn').
+  Any other value, a dict for an unknown key or rewards.weights included, is one pair."""
+  for key, value in overrides.items():
+    key = prefix + key
+    if isinstance(value, (Mapping, ml_collections.ConfigDict)) and _is_section(key):
+      yield from _dotted(dict(value.items()), key + '.')
+    else:
+      yield key, value
+
+
+def _is_section(key: str) -> bool:
+  try:
+    return isinstance(config_lib.lookup(config_lib.SCHEMA, key), dict)
+  except (KeyError, TypeError):
+    return False
 
 
 def one_line(text: str) -> str:
