@@ -10,22 +10,16 @@ import os
 import jax
 import numpy as np
 
-from configs import grpo_arith
 from rft_jax import programs, trainer
+from test_trainer import tiny_config
 
 BACKEND_COMPILE = '/jax/core/compile/backend_compile_duration'
 KEYS = ('reward/mean', 'loss', 'kl', 'entropy', 'grad_norm', 'response/len_mean')
 
 
 def tiny(**overrides):
-  config = grpo_arith.get_config('tiny')
-  config.telemetry.console = False
-  config.telemetry.tensorboard = False
-  config.telemetry.plot = False
-  config.rewards.num_workers = 0
-  config.update_from_flattened_dict({'train.steps': 2, 'train.eval_every': 2,
-                                     'train.ckpt_every': 2, **overrides})
-  return config
+  return tiny_config(**{'train.steps': 2, 'train.eval_every': 2, 'train.ckpt_every': 2,
+                        'telemetry.plot': False, **overrides})
 
 
 def run_compiling(config, workdir, evals=False):
