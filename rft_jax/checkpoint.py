@@ -69,6 +69,21 @@ def tree_nbytes(tree) -> int:
   return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, 'dtype'))
 
 
+def _shapes(tree) -> list[tuple]:
+  """Sorted shapes of a tree's arrays (or their metadata)."""
+  return sorted(tuple(x.shape) for x in jax.tree.leaves(tree))
+
+
+def _check_fits(name: str, saved: Any, mine: Any) -> None:
+  """ValueError unless the saved arrays of field `name` have the shapes of `mine`."""
+  saved_n, mine_n = _shapes(saved), _shapes(mine)
+  if saved_n != mine_n:
+    only_saved = [s for s in saved_n if s not in mine_n]
+    only_mine = [s for s in mine_n if s not in saved_n]
+    raise ValueError(f'its {name} arrays have other shapes than this config builds (saved '
+                     f'{only_saved[:1] or saved_n[:1]}, here {only_mine[:1] or mine_n[:1]})')
+
+
 class Checkpointer:
   """Verified checkpoints over ocp.CheckpointManager (items above); see the module doc."""
 
@@ -263,6 +278,37 @@ class Checkpointer:
                                          'back)') from None
     return out[BEFORE_RESET]
 
+  def restore_params(self, step: int, like_params: Any, shardings: Any = None) -> Any:
+    """Checkpoint `step`'s state.params alone, into the structure (and shardings) of
+    like_params (arrays or ShapeDtypeStructs): the optimizer state, monitor and the other items
+    are never read (with AdamW's two moments, a third of `restore`'s state). ValueError (first
+    line: which shapes differ) when the saved params are not this model's, before any read."""
+    _check_fits('params', self._state_metadata(step)['params'], like_params)
+    with self._quiet.restore():
+      return self._restore_fields(step, {'params': abstract(like_params, shardings)})['params']
+
+  def restore_meta(self, step: int) -> dict:
+    """Checkpoint `step`'s meta item (the JSON dict `save` got)."""
+    ocp = orbax_module()
+    with self._quiet.restore():
+      out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return {k: v for k, v in out['meta'].items() if k != 'has_reference'}
+
+  def _state_metadata(self, step: int) -> Any:
+    """Orbax's metadata of checkpoint `step`'s state item ({field: tree of array metadata})."""
+    ocp = orbax_module()
+    return ocp.PyTreeCheckpointHandler().metadata(
+        epath.Path(self.directory) / str(step) / 'state')
+
+  def _restore_fields(self, step: int, target: dict) -> dict:
+    """{field: restored tree} of the state item for target's fields (ShapeDtypeStruct trees);
+    the fields saved but not in target are skipped: orbax reads none of their arrays."""
+    ocp = orbax_module()
+    args = ocp.args.PyTreeRestore(
+        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+        partial_restore=True)
+    return self._manager.restore(step, args=ocp.args.Composite(state=args))['state']
+
   def _restore_state(self, step: int, like_state: Any, shardings: Any) -> Any:
     """The train state, restored field by field (for a dataclass like TrainState).
 
@@ -275,23 +321,17 @@ class Checkpointer:
     if not dataclasses.is_dataclass(like_state):
       args = ocp.args.StandardRestore(abstract(like_state, shardings))
       return self._manager.restore(step, args=ocp.args.Composite(state=args))['state']
-    saved = ocp.PyTreeCheckpointHandler().metadata(
-        epath.Path(self.directory) / str(step) / 'state')
+    saved = self._state_metadata(step)
     names = [f.name for f in dataclasses.fields(like_state)
              if getattr(like_state, f.name) is not None]
     # A field absent from the checkpoint, or saved as None (no arrays), is missing there.
     holds = lambda n: n in saved and any(hasattr(x, 'shape') for x in jax.tree.leaves(saved[n]))
     wanted = [n for n in names if holds(n)]
-    shapes = lambda tree: sorted(tuple(x.shape) for x in jax.tree.leaves(tree))
     misfits = [n for n in wanted if n in RESETTABLE_FIELDS
-               and shapes(saved[n]) != shapes(getattr(like_state, n))]
+               and _shapes(saved[n]) != _shapes(getattr(like_state, n))]
     for n in wanted:   # checked before orbax starts reading (its failed reads log pages of noise)
-      saved_n, mine_n = shapes(saved[n]), shapes(getattr(like_state, n))
-      if n not in RESETTABLE_FIELDS and saved_n != mine_n:
-        only_saved = [s for s in saved_n if s not in mine_n]
-        only_mine = [s for s in mine_n if s not in saved_n]
-        raise ValueError(f'its {n} arrays have other shapes than this config builds (saved '
-                         f'{only_saved[:1] or saved_n[:1]}, here {only_mine[:1] or mine_n[:1]})')
+      if n not in RESETTABLE_FIELDS:
+        _check_fits(n, saved[n], getattr(like_state, n))
     why = ''   # + orbax's error when the first attempt fails
     attempts = [[n for n in wanted if n not in misfits],
                 [n for n in wanted if n not in RESETTABLE_FIELDS]]
@@ -299,11 +339,8 @@ class Checkpointer:
       target = {n: abstract(getattr(like_state, n),
                              None if shardings is None else getattr(shardings, n))
                 for n in fields}
-      args = ocp.args.PyTreeRestore(
-          item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-          partial_restore=True)   # fields saved but not wanted (None here) are skipped
       try:
-        restored = self._manager.restore(step, args=ocp.args.Composite(state=args))['state']
+        restored = self._restore_fields(step, target)
         break
       except ValueError as e:
         if i == 1 or attempts[1] == attempts[0]:

@@ -43,7 +43,7 @@ class Components:
   tokenizer: Any
   model_cfg: ModelConfig
   graphdef: Any
-  params: Any               # pure dict, placed with param_shardings
+  params: Any               # pure dict, placed with param_shardings (build(params=False): shapes)
   param_shardings: Any
   train_source: Any
   test_source: Any
@@ -211,10 +211,10 @@ def check_setup(config) -> None:
       raise SetupError(str(config_rules.eval_size_error(config, len(test))))
 
 
-def build(config, data: bool = True) -> Components:
+def build(config, data: bool = True, params: bool = True) -> Components:
   """Mesh, tokenizer, model and its initial params (random, config.init_from, or the HF
-  checkpoint at config.model.path, read shard by shard onto the mesh), data sources (None
-  without `data`: tools that only need the model, e.g. tools.checkpoint export)."""
+  checkpoint at config.model.path, read shard by shard onto the mesh; without `params` only
+  their shapes), data sources (None without `data`: e.g. tools.checkpoint export uses neither)."""
   try:
     mesh = meshlib.make_mesh(config.mesh)
   except meshlib.MeshError as e:
@@ -232,7 +232,9 @@ def build(config, data: bool = True) -> Components:
                      'several processes data*fsdp*tensor must be the device count (or use -1)')
   graphdef, abstract_state = lm.abstract_params(model_cfg)
   shardings = meshlib.param_shardings(abstract_state, mesh)
-  if config.init_from:
+  if not params:
+    params = _like(abstract_state)
+  elif config.init_from:
     from rft_jax import checkpoint  # pylint: disable=g-import-not-at-top
     with _init_from_errors(config):
       params = checkpoint.load_params(config.init_from, _like(abstract_state), shardings)
@@ -245,8 +247,7 @@ def build(config, data: bool = True) -> Components:
       raise SetupError(f'config.model.path={config.model.path}: cannot read its weights '
                        f'({_reason(e)})') from None
   else:
-    _, state = lm.create(model_cfg, config.seed)
-    params = jax.device_put(nnx.to_pure_dict(state), shardings)
+    params = jax.device_put(nnx.to_pure_dict(lm.create(model_cfg, config.seed)[1]), shardings)
   skipped: list[str] = []
   train_source, test_source = load_task(config, tokenizer, skipped) if data else (None, None)
   return Components(

@@ -12,10 +12,13 @@ import os
 import re
 import shutil
 
+import jax
+import numpy as np
 import pytest
 
 from rft_jax import api, checkpoint, components, runs
 from rft_jax.algorithms import train_state as ts
+from rft_jax.models import hf_checkpoint as hc
 from rft_jax.tokenizer import load_tokenizer
 from rft_jax.workdir_config import record_workdir_config
 from tools import checkpoint as tool
@@ -263,3 +266,47 @@ def test_a_tokenizer_larger_than_the_checkpoint_is_not_its_tokenizer(llama_run, 
       rf"^config.model.path={re.escape(other)}: its config.json's vocab_size=300 is smaller "
       rf"than the tokenizer vocabulary \(425, {re.escape(model_dir)}\): not its tokenizer$")):
     api.validate(config)
+
+
+def _trained_run(model_dir, workdir):
+  """A run of llama_run's model with a checkpoint at step 2 whose params are not model_dir's
+  (as after training), and AdamW moments that are not zero. -> the checkpoint's params."""
+  config = api.load_config('grpo_arith:tiny', {
+      **{f'model.{k}': v for k, v in FIELDS.items()}, 'model.path': model_dir,
+      'init_from': '', 'tokenizer.path': ''})
+  c = components.build(config, data=False)
+  tx = ts.make_optimizer(config.optim)
+  params = jax.tree.map(lambda x: x * 1.5 + 0.25, c.params)
+  state = runs.init_state(params, tx, runs.state_shardings(c, tx))
+  state = state.replace(opt_state=jax.tree.map(lambda x: x + 1, state.opt_state))
+  with checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints')) as ckpt:
+    ckpt.save(2, state, {'step': 2}, {})
+  record_workdir_config(config, workdir)
+  return params
+
+
+def test_export_reads_only_the_params_of_the_checkpoint(llama_run, tmp_path, monkeypatch):
+  """Export restored the whole train state (the AdamW moments: twice the params, the monitor)
+  into a fresh one built from model.path's weights, to write only the params: a 7B run's export
+  needed ~7x its weights in memory. Now orbax reads state.params alone (partial restore) and
+  no initial weights are built; the exported weights are the checkpoint's."""
+  model_dir, _ = llama_run
+  workdir = str(tmp_path / 'run')
+  trained = _trained_run(model_dir, workdir)
+  restored, held = [], []   # bytes orbax restored; bytes export made and held while writing
+  ocp = checkpoint.orbax_module()
+  manager_restore = ocp.CheckpointManager.restore
+  monkeypatch.setattr(ocp.CheckpointManager, 'restore', lambda self, *a, **k: restored.append(
+      checkpoint.tree_nbytes(dict((out := manager_restore(self, *a, **k)).items()))) or out)
+  before = {id(x) for x in jax.live_arrays()}
+  save_hf = hc.save_hf
+  monkeypatch.setattr(hc, 'save_hf', lambda *a, **k: held.append(checkpoint.tree_nbytes(
+      [x for x in jax.live_arrays() if id(x) not in before])) or save_hf(*a, **k))
+  out = str(tmp_path / 'hf')
+  _export(workdir, out, f'--config.model.path={model_dir}', *OVERRIDES, '--dtype', 'float32')
+  nbytes = checkpoint.tree_nbytes(trained)
+  assert sum(restored) == nbytes and held == [nbytes], (restored, held, nbytes)
+  cfg = hc.load_hf_config(out)
+  exported = hc.load_hf_params(out, cfg, jax.tree.map(lambda x: x.sharding, trained))
+  jax.tree.map(np.testing.assert_array_equal, exported, trained)
+

@@ -3,6 +3,8 @@ import json
 import os
 import re
 
+import jax
+import numpy as np
 import pytest
 
 from rft_jax import checkpoint, components, runs
@@ -84,6 +86,23 @@ def test_export_base_takes_overrides(run_dir, tmp_path, capsys):
              r'^error: config.tokenizer.path')   # was a SetupError traceback
   _bad_input(capsys, lambda: export_base.main(base + ['--step', '5']),
              r'^error: no checkpoint at step 5 in .* \(there: [0-9, ]+\)$')
+
+
+def test_export_base_reads_only_the_params(run_dir, tmp_path, monkeypatch):
+  """export_base restored the whole train state (AdamW's two moments: twice the params) and
+  built a fresh one to restore into, to write only the params; orbax now reads those alone."""
+  ocp = checkpoint.orbax_module()
+  restored, manager_restore = [], ocp.CheckpointManager.restore
+  monkeypatch.setattr(ocp.CheckpointManager, 'restore', lambda self, *a, **k: restored.append(
+      checkpoint.tree_nbytes(dict((out := manager_restore(self, *a, **k)).items()))) or out)
+  out = str(tmp_path / 'base')
+  export_base.main(['--config', RECIPE, '--workdir', run_dir, '--out', out])
+  with ocp.StandardCheckpointer() as ckptr:
+    written = ckptr.restore(out)
+  assert sum(restored) == checkpoint.tree_nbytes(written), restored
+  with checkpoint.Checkpointer(os.path.join(run_dir, 'checkpoints')) as ckpt:
+    params = ckpt.restore_params(1, written)   # the run's params: those written
+  jax.tree.map(np.testing.assert_array_equal, written, params)
 
 
 def test_every_tool_module_imports():

@@ -12,7 +12,8 @@
       [--step N] [--dtype bfloat16|float32] [--max-shard-gb 2] [--config.a.b=v ...]
       The params of RUN's latest (or --step) checkpoint as a HF dir that transformers and vLLM
       load. With config.model.path set, the family, token ids and the tokenizer / generation
-      files of that source dir are carried over (the files of a tokenizer.path dir win). Give
+      files of that source dir are carried over (the files of a tokenizer.path dir win). Only
+      the checkpoint's params are read (no optimizer state). Give
       the `--config.a.b=v` overrides the run was started with (e.g. --config.model.path=...):
       the model is built from the config. --out must be new, empty or a HF model dir (an
       earlier export), and not one the run reads (config.model.path, tokenizer.path).
@@ -205,7 +206,6 @@ def _inspect_orbax(path: str) -> None:
 
 def export(args) -> None:
   from rft_jax import components, runs  # pylint: disable=g-import-not-at-top
-  from rft_jax.algorithms import train_state as ts  # pylint: disable=g-import-not-at-top
   from rft_jax.models import hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
   from tools.export_base import load_config  # pylint: disable=g-import-not-at-top
   config = load_config(args.config, args.overrides)
@@ -215,15 +215,15 @@ def export(args) -> None:
   try:   # the run's config.json: another recipe or model is named in one line
     runs.check_workdir_config(config, args.workdir, advice='give export the recipe and the '
                               '--config.a.b=v overrides the run was started with')
-    c = components.build(config, data=False)   # the task's data is not needed to export
+    # neither the task's data nor the initial weights (c.params: shapes) are needed to export
+    c = components.build(config, data=False, params=False)
   except components.SetupError as e:
     raise usage_exit(str(e)) from None
-  tx = ts.make_optimizer(config.optim)
-  shardings = runs.state_shardings(c, tx)
   ckpt, step = open_run_checkpoint(args.workdir, args.step)
   try:
     with ckpt:   # closed however the restore ends (a failed one leaves orbax's logging muted)
-      state, *_ = ckpt.restore(step, runs.init_state(c.params, tx, shardings), shardings)
+      # the params alone: the optimizer moments (2x the params with AdamW) are never read
+      params = ckpt.restore_params(step, c.params, c.param_shardings)
   except ValueError as e:   # shapes of a run this config does not build (no config.json)
     raise usage_exit(f'checkpoint {step} in {args.workdir} does not fit this config '
                      f'({str(e).splitlines()[0]})') from None
@@ -231,7 +231,7 @@ def export(args) -> None:
   if source:
     hf = hc.read_config_json(source)
     architecture, extra = hc.family(hf), {k: hf[k] for k in _CARRIED_FIELDS if k in hf}
-  files = hc.save_hf(args.out, state.params, c.model_cfg, dtype=args.dtype,
+  files = hc.save_hf(args.out, params, c.model_cfg, dtype=args.dtype,
                      max_shard_bytes=int(args.max_shard_gb * 2**30), architecture=architecture,
                      extra_config=extra)
   tokenizer_dir = os.path.expanduser(config.tokenizer.path)

@@ -13,8 +13,7 @@ import re
 import shutil
 
 
-from rft_jax import checkpoint, components, runs
-from rft_jax.algorithms import train_state as ts
+from rft_jax import checkpoint, components
 from tools import cli
 from tools.checkpoint import check_out, open_run_checkpoint
 from tools.cli import usage_exit
@@ -53,19 +52,18 @@ def main(argv=None):
   args, overrides = parse_with_overrides(ap, argv)
   config = load_config(args.config, overrides)
   try:
-    c = components.build(config)
+    c = components.build(config, params=False)   # c.params: shapes (the run's are read)
   except components.SetupError as e:   # a file, the mesh: one line, as rft_jax.main's
     raise usage_exit(str(e)) from None
-  tx = ts.make_optimizer(config.optim)
-  shardings = runs.state_shardings(c, tx)
-  like = runs.init_state(c.params, tx, shardings)
   check_out(args.out)   # before anything is read: a mistyped --out was deleted whole
   ckpt, step = open_run_checkpoint(args.workdir, args.step)
   with ckpt:   # closed however the restore ends (a failed one leaves orbax's logging muted)
-    state, _, meta, _ = ckpt.restore(step, like, shardings)
+    # the params alone: the optimizer moments (2x the params with AdamW) are never read
+    params = ckpt.restore_params(step, c.params, c.param_shardings)
+    meta = ckpt.restore_meta(step)
   if os.path.exists(args.out):
     shutil.rmtree(args.out)   # an earlier params directory (check_params_out)
-  checkpoint.save_params(args.out, state.params)
+  checkpoint.save_params(args.out, params)
   held_out = meta.get('final_eval') or meta.get('last_eval')
   print(f'wrote params of step {step} to {args.out} (held-out eval: {held_out})')
 
