@@ -310,3 +310,21 @@ def test_export_reads_only_the_params_of_the_checkpoint(llama_run, tmp_path, mon
   exported = hc.load_hf_params(out, cfg, jax.tree.map(lambda x: x.sharding, trained))
   jax.tree.map(np.testing.assert_array_equal, exported, trained)
 
+
+def test_export_copies_no_weights_of_other_formats(llama_run, tmp_path):
+  """model.path's weights in other formats (a PyTorch, Flax, TF, GGUF copy) were copied beside
+  the trained safetensors: stale weights that a loader may pick. Its other files still are."""
+  model_dir, workdir = llama_run
+  source = str(tmp_path / 'llama')
+  shutil.copytree(model_dir, source)
+  stale = ['pytorch_model.bin', 'pytorch_model.bin.index.json', 'flax_model.msgpack',
+           'tf_model.h5', 'model-Q4_K_M.gguf', 'consolidated.00.pth', 'model.ckpt.index']
+  for name in stale + ['README.md', 'tekken.json']:
+    with open(os.path.join(source, name), 'w') as f:
+      f.write('{}')
+  out = tmp_path / 'out'
+  _export(workdir, out, f'--config.model.path={source}', *OVERRIDES)
+  names = set(os.listdir(out))
+  assert not names & set(stale), names & set(stale)
+  assert {'README.md', 'tekken.json', 'tokenizer.json', 'generation_config.json'} <= names
+  assert all(tool.is_weight_file(n) for n in stale)

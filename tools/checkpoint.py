@@ -12,8 +12,8 @@
       [--step N] [--dtype bfloat16|float32] [--max-shard-gb 2] [--config.a.b=v ...]
       The params of RUN's latest (or --step) checkpoint as a HF dir that transformers and vLLM
       load. With config.model.path set, the family, token ids and the tokenizer / generation
-      files of that source dir are carried over (the files of a tokenizer.path dir win). Only
-      the checkpoint's params are read (no optimizer state). Give
+      files of that source dir are carried over, never its weights in any format (the files of
+      a tokenizer.path dir win). Only the checkpoint's params are read (no optimizer state). Give
       the `--config.a.b=v` overrides the run was started with (e.g. --config.model.path=...):
       the model is built from the config. --out must be new, empty or a HF model dir (an
       earlier export), and not one the run reads (config.model.path, tokenizer.path).
@@ -34,6 +34,19 @@ from tools.cli import usage_exit
 
 # config.json fields carried from the source dir on export (the model fields are rewritten).
 _CARRIED_FIELDS = ('bos_token_id', 'eos_token_id', 'pad_token_id')
+# file name endings of weights in other formats (torch, flax, TF/Keras, GGUF, ONNX, numpy ...)
+_WEIGHT_SUFFIXES = ('.safetensors', '.bin', '.pt', '.pth', '.ckpt', '.gguf', '.ggml', '.msgpack',
+                    '.h5', '.hdf5', '.keras', '.onnx', '.tflite', '.npz', '.npy', '.pkl',
+                    '.pickle', '.nemo', '.ot', '.mlmodel')
+
+
+def is_weight_file(name: str) -> bool:
+  """Whether a file of a HF directory holds weights, or indexes them, in some format (export
+  copies the other files: weights beside the trained ones were stale, and loaders may pick
+  them, e.g. `pytorch_model.bin`, `flax_model.msgpack`, `model-q4.gguf`, `tf_model.h5`)."""
+  name = name.lower()
+  return (name.endswith(_WEIGHT_SUFFIXES) or name.endswith('.index.json')
+          or '.ckpt.' in name or '.data-0' in name)   # TF checkpoints' index and data files
 
 
 def check_out(out: str) -> None:
@@ -241,8 +254,7 @@ def export(args) -> None:
   for directory in (source, tokenizer_dir if os.path.isdir(tokenizer_dir) else ''):
     for name in sorted(os.listdir(directory) if directory else []):
       src = os.path.join(directory, name)
-      if os.path.isfile(src) and name not in (hc.CONFIG, hc.INDEX) and not name.endswith(
-          ('.safetensors', '.bin', '.pt', '.pth')):
+      if os.path.isfile(src) and name != hc.CONFIG and not is_weight_file(name):
         shutil.copy(src, os.path.join(args.out, name))
         if name not in files:
           files.append(name)
