@@ -293,7 +293,7 @@ def test_a_bad_flag_value_is_one_line_naming_the_flag(tool, argv, flag, monkeypa
 
 
 @pytest.mark.parametrize('tool,commands', [
-    ('tools.checkpoint', 'inspect, export, convert'), ('tools.scaling', 'fit, plan'),
+    ('tools.checkpoint', 'inspect, export, convert, rewind'), ('tools.scaling', 'fit, plan'),
     ('experiments.scaling.run_sweep', 'run, collect, report')])
 def test_a_missing_subcommand_is_one_line_naming_the_commands(tool, commands, capsys):
   """argparse names a missing subcommand by its dest ('required: command'); the usage block it

@@ -19,10 +19,16 @@
       earlier export), and not one the run reads (config.model.path, tokenizer.path).
   python -m tools.checkpoint convert HF_DIR --out DIR
       A HF dir's params as an orbax params dir (for `init_from`, with model.path = HF_DIR).
+  python -m tools.checkpoint rewind RUN --step N
+      Sets RUN's checkpoints after step N aside (into RUN/checkpoints.rewound/, with its
+      summary.json and incidents.md, and copies of its logs: rft_jax/rewind.py), so the same
+      training command resumes exactly from step N, e.g. with a lower --config.optim.lr after a
+      halt. Refused (exit 2) when N is not a checkpoint of RUN, RUN is not a run directory, or
+      a run is using it.
 
 Exit status, as rft_jax.main's: 2 bad input (a bad argument, config or --out, a run directory
-without that checkpoint, a HF dir rft_jax does not load), one line naming it; 1 a failure while
-working (and inspect's verdict: not loadable, or unreadable).
+without that checkpoint or in use, a HF dir rft_jax does not load), one line naming it; 1 a
+failure while working (and inspect's verdict: not loadable, or unreadable).
 """
 import json
 import math
@@ -276,6 +282,14 @@ def convert(args) -> None:
         f'use init_from={json.dumps(args.out)} with model.path={json.dumps(args.hf_dir)}')
 
 
+def rewind(run: str, step: int) -> None:
+  from rft_jax import rewind as rewind_lib  # pylint: disable=g-import-not-at-top
+  try:
+    print(rewind_lib.rewind(run, step))
+  except rewind_lib.RewindError as e:
+    raise usage_exit(str(e)) from None
+
+
 def main(argv=None):
   ap = cli.ArgumentParser(description=__doc__.splitlines()[0],
                           epilog='export: ' + cli.OVERRIDES_EPILOG)
@@ -294,6 +308,9 @@ def main(argv=None):
   p = sub.add_parser('convert')
   p.add_argument('hf_dir', type=path)
   p.add_argument('--out', required=True, type=path)
+  p = sub.add_parser('rewind')
+  p.add_argument('run', type=path)
+  p.add_argument('--step', type=int, required=True)
   from tools import export_base  # pylint: disable=g-import-not-at-top
   args, overrides = export_base.parse_with_overrides(ap, argv)
   if overrides and args.command != 'export':
@@ -303,6 +320,8 @@ def main(argv=None):
   try:
     if args.command == 'inspect':
       inspect(args.dir)
+    elif args.command == 'rewind':
+      rewind(args.run, args.step)
     else:
       (export if args.command == 'export' else convert)(args)
   except HFCheckpointError as e:   # export's model.path, convert's HF_DIR: not one rft_jax loads
