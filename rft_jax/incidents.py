@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from rft_jax import atomic_file
+from rft_jax import rewind as rewind_lib
 from rft_jax.monitor import monitor as monlib
 from rft_jax.monitor.remediation import Remediator
 from rft_jax.monitor.signatures import SIGNATURES, SKIPPED_STREAK
@@ -144,15 +145,19 @@ def write_report(config, workdir: str, incident_log: IncidentLog, hooks, enabled
   hooks.on_message('failure monitor: ' + report.replace('\n', '\n  '))
 
 
-def halt_checkpoints(steps: list[int], onset: int | None) -> str:
+def halt_checkpoints(steps: list[int], onset: int | None, workdir: str | None = None) -> str:
   """Which checkpoints a halt leaves, told apart by the fault's onset: those at or after it may
-  already carry the fault."""
+  already carry the fault. With `workdir`, and such checkpoints after one from before the
+  onset: the command that sets them aside (rft_jax/rewind.py), for a resume from that one."""
   before = [s for s in steps if onset is None or s < onset]
   after = [s for s in steps if onset is not None and s >= onset]
   text = (f'last checkpoint before the onset (step {onset}): step {before[-1]}' if before
           else f'no checkpoint before the onset (step {onset})')
   if after:
     text += f'; checkpoint(s) {", ".join(map(str, after))} from after it may carry the fault'
+    if before and workdir is not None:
+      text += (f'; to resume from step {before[-1]} instead (e.g. with a lower '
+               f'--config.optim.lr), first: {rewind_lib.command(workdir, before[-1])}')
   return text
 
 

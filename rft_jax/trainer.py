@@ -312,7 +312,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
         if decision is not None and decision.halt:
           raise TrainingError(
               f'halted at step {step} by the failure monitor: {decision.reason}; in {workdir}: '
-              f'{incidents.halt_checkpoints(ckpt.all_steps(), decision.onset)}; '
+              f'{incidents.halt_checkpoints(ckpt.all_steps(), decision.onset, workdir)}; '
               f'see {incident_log.path}')
         if execute(decision):
           continue   # rewound: the steps after the restored checkpoint run again

@@ -63,7 +63,9 @@ def test_halt_mode_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   with pytest.raises(trainer.TrainingError, match=(
       rf'^halted at step \d+ by the failure monitor: .*; in {re.escape(str(tmp_path))}: last '
       r'checkpoint before the onset \(step \d+\): step \d+(; checkpoint\(s\) [\d, ]+ from after '
-      r'it may carry the fault)?; see .*incidents.jsonl$')):
+      r'it may carry the fault; to resume from step \d+ instead \(e.g. with a lower '
+      r'--config.optim.lr\), first: python -m tools.checkpoint rewind \S+ --step \d+)?; see '
+      r'.*incidents.jsonl$')):
     trainer.run(faulty_config('halt'), str(tmp_path))
   steps = sorted(int(d) for d in os.listdir(tmp_path / 'checkpoints') if d.isdigit())
   found = [e for e in incidents(str(tmp_path)) if e['kind'] == 'incident']
