@@ -105,6 +105,13 @@ def split_problems(
   return {'test': shuffled[:NUM_TEST], 'train': shuffled[NUM_TEST:]}
 
 
+def split_records(split: str, config: ArithConfig = BASE_CONFIG) -> list[dict[str, Any]]:
+  """The records of ``split`` as the prepared dataset holds them, in memory (~40 ms for the
+  base train split's 20.5k)."""
+  return [{'id': pid, 'prompt': p.prompt, 'answer': p.answer, 'op': p.op}
+          for pid, p in split_problems(config)[split]]
+
+
 def make_corpus(config: ArithConfig = BASE_CONFIG) -> list[str]:
   """Sorted distinct prompt and answer strings, for tokenizer training."""
   texts = set()
@@ -143,14 +150,12 @@ class Arith(tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager: Any) -> dict[str, Iterator[Any]]:
     del dl_manager  # Nothing to download.
-    splits = split_problems(self.builder_config)
-    return {name: self._generate_examples(items)
-            for name, items in splits.items()}
+    return {name: self._generate_examples(split_records(name, self.builder_config))
+            for name in ('train', 'test')}
 
-  def _generate_examples(self, items: list[tuple[int, Problem]]):
-    for pid, p in items:
-      yield pid, {'id': pid, 'prompt': p.prompt, 'answer': p.answer,
-                  'op': p.op}
+  def _generate_examples(self, records: list[dict[str, Any]]):
+    for record in records:
+      yield record['id'], record
 
 
 class LocalDatasetInfo(tfds.core.DatasetInfo):

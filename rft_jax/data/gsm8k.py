@@ -30,6 +30,7 @@ Only ``file_format='array_record'`` is used (no TensorFlow here); read with
 """
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -175,24 +176,23 @@ def read_split(manual_dir: str, split: str,
   return records
 
 
-def check_prompt_lengths(task, tokenizer, test: list[dict], train: list[dict] | None) -> None:
-  """ValueError naming the record of the longest prompt (rendered as config `task` renders it,
-  pipeline.PromptFormat) when it is longer than task.max_prompt_len: the run stops at it, at
-  its first eval (test) or at the step that draws it (train, maybe hours in). `test`: the
-  records the eval reads; `train` None: not checked (bad_records='skip' leaves them out)."""
-  from rft_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  fmt = pipeline.PromptFormat.of_task(task)
-  longest, where = 0, ''
-  for split, records in (('test', test), ('train', train or [])):
-    path = split_path(task.manual_dir, split)
-    for record in records:
-      n = len(pipeline.prompt_ids(fmt.render(record['prompt'], tokenizer), tokenizer))
-      if n > longest:
-        longest, where = n, record_where(path, record['id'])
-  if longest > task.max_prompt_len:
-    raise ValueError(f'{where}: its prompt is {longest} tokens, more than config.task.'
-                     f'max_prompt_len={task.max_prompt_len} (the longest prompt; set '
-                     f'--config.task.max_prompt_len={longest})')
+def long_prompts_in(task, tokenizer, records: list[dict], split: str):
+  """long_prompts.scan of ``records`` of ``split``, their prompts rendered as config ``task``
+  renders them (pipeline.PromptFormat), each named by its file and line."""
+  from rft_jax.data import long_prompts, pipeline  # pylint: disable=g-import-not-at-top
+  source = pipeline.formatted(records, tokenizer, pipeline.PromptFormat.of_task(task))
+  return long_prompts.scan(source, tokenizer, task.max_prompt_len,
+                           where=functools.partial(record_where,
+                                                   split_path(task.manual_dir, split)))
+
+
+def check_prompt_lengths(task, tokenizer, test: list[dict]) -> None:
+  """ValueError naming the first of the ``test`` records (those the eval reads) whose prompt is
+  longer than task.max_prompt_len (the run would stop at its first eval); the train split is
+  components.check_train_prompts'."""
+  found = long_prompts_in(task, tokenizer, test, 'test')
+  if found.over:
+    raise ValueError(found.error())
 
 
 def files_digest(manual_dir: str) -> str:
