@@ -16,6 +16,7 @@ from safetensors import SafetensorError
 
 from rft_jax import config as config_lib
 from rft_jax import config_rules
+from rft_jax import train_prompts
 from rft_jax.models import functional as lm
 from rft_jax.models import hf_checkpoint
 from rft_jax.models.llama import ModelConfig
@@ -48,6 +49,7 @@ class Components:
   train_source: Any
   test_source: Any
   skipped_at_load: tuple[str, ...] = ()   # train records left out (task.bad_records='skip')
+  setup_notes: tuple[str, ...] = ()   # lines for the run's log (train_prompts.check)
 
 
 def model_config(config) -> ModelConfig:
@@ -177,10 +179,10 @@ def check_setup(config) -> None:
   against model.path's config.json, its weight files (each opens; their headers hold every
   tensor the model needs, of its shape and a float dtype; not with init_from, whose weights the
   run reads instead), the tokenizer (it loads; its vocabulary fits the model) and, for GSM8K,
-  both files of task.manual_dir (every line parsed) and the chat template; config.mesh against
-  this machine's devices and the model (check_mesh); the process count, where known, against
-  the batch (check_process_count); init_from's array names and shapes against the model (its
-  orbax metadata, no array read). SetupError naming the key, file and record."""
+  both files of task.manual_dir (every line parsed) and the chat template; the train prompts'
+  lengths (train_prompts.check); config.mesh against this machine's devices and the model
+  (check_mesh); the process count, where known, against the batch (check_process_count);
+  init_from's names and shapes against the model (orbax metadata). SetupError naming the key."""
   model_cfg = model_config(config)   # first: its message lists every field to set
   check_mesh(config, model_cfg)
   check_process_count(config)   # with JAX_NUM_PROCESSES, before jax.distributed starts too
@@ -198,17 +200,15 @@ def check_setup(config) -> None:
       checkpoint.check_params(config.init_from, _like(lm.abstract_params(model_cfg)[1]))
   if config.task.name == 'gsm8k':
     from rft_jax.data import gsm8k  # pylint: disable=g-import-not-at-top
-    skip = config.task.get('bad_records', 'error') == 'skip'
     _check_chat_template(config, tokenizer)
     try:
       test = gsm8k.read_split(config.task.manual_dir, 'test')
-      train = gsm8k.read_split(config.task.manual_dir, 'train', skipped=[] if skip else None)
-      gsm8k.check_prompt_lengths(config.task, tokenizer, test[:config.eval.num_prompts],
-                                 None if skip else train)
+      gsm8k.check_prompt_lengths(config.task, tokenizer, test[:config.eval.num_prompts])
     except (FileNotFoundError, ValueError) as e:
       raise SetupError(f'config.task.manual_dir: {e}') from None
     if config_rules.eval_size_error(config, len(test)):   # as eval_batch would at run time
       raise SetupError(str(config_rules.eval_size_error(config, len(test))))
+  train_prompts.check(config, tokenizer)   # as build does; GSM8K: train.jsonl parsed too
 
 
 def build(config, data: bool = True, params: bool = True) -> Components:
@@ -230,6 +230,7 @@ def build(config, data: bool = True, params: bool = True) -> Components:
     raise SetupError(f'config.mesh={dict(mesh.shape)} uses {mesh.size} of the '
                      f'{jax.device_count()} devices of {jax.process_count()} processes; with '
                      'several processes data*fsdp*tensor must be the device count (or use -1)')
+  notes = train_prompts.check(config, tokenizer) if data else ()   # before the weights load
   graphdef, abstract_state = lm.abstract_params(model_cfg)
   shardings = meshlib.param_shardings(abstract_state, mesh)
   if not params:
@@ -252,8 +253,8 @@ def build(config, data: bool = True, params: bool = True) -> Components:
   train_source, test_source = load_task(config, tokenizer, skipped) if data else (None, None)
   return Components(
       mesh=mesh, tokenizer=tokenizer, model_cfg=model_cfg, graphdef=graphdef, params=params,
-      param_shardings=shardings,
-      train_source=train_source, test_source=test_source, skipped_at_load=tuple(skipped))
+      param_shardings=shardings, train_source=train_source, test_source=test_source,
+      skipped_at_load=tuple(skipped), setup_notes=notes)
 
 
 # The verifier whose 0/1 score is the held-out accuracy of each task (evaluation.Evaluator).

@@ -133,7 +133,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
                          uses_reference=algo.use_reference)
   state, shardings, ckpt, meta, hooks, start, reset_ref = opened
   hooks.on_message(f'memory estimate: {memory_est.describe()}')
-  for notice in config_lib.sampling_notices(config):
+  for notice in (*c.setup_notes, *config_lib.sampling_notices(config)):   # prompts to skip
     hooks.on_message(notice)
   total = config.train.steps
   if start >= total and 'final_eval' in meta:

@@ -182,8 +182,8 @@ def test_validate_only_finds_a_prompt_longer_than_max_prompt_len(tmp_path):
   short = check(longest - 1)
   assert short.returncode == 2 and short.stderr == (
       f'error: config.task.manual_dir: {manual_dir}/train.jsonl line 5 (record 4): its prompt '
-      f'is {longest} tokens, more than config.task.max_prompt_len={longest - 1} (the longest '
-      f'prompt; set --config.task.max_prompt_len={longest})\n'), short.stderr
+      f'is {longest} tokens, more than config.task.max_prompt_len={longest - 1} (the only one '
+      f'longer; set --config.task.max_prompt_len={longest})\n'), short.stderr
   only_first = ('--config.task.bad_records=skip', '--config.eval.num_prompts=1')
   skipped = check(first_test, *only_first)
   assert skipped.returncode == 0, skipped.stderr[-2000:]
@@ -191,3 +191,42 @@ def test_validate_only_finds_a_prompt_longer_than_max_prompt_len(tmp_path):
   assert first.returncode == 2 and first.stderr.startswith(
       f'error: config.task.manual_dir: {manual_dir}/test.jsonl line 1 (record 0): its prompt '
       f'is {first_test} tokens'), first.stderr
+
+
+def test_run_finds_an_over_long_train_prompt_at_setup(tmp_path):
+  """A normal run found a train prompt over task.max_prompt_len only at the step that drew it
+  (maybe hours in; here 2 steps never draw it and the run trained): it now stops at set-up,
+  before the weights load, with one line naming the file and line, the length and the key;
+  with task.bad_records='skip' it says once how many will be skipped, and trains."""
+  model_dir = write_tiny_qwen2(str(tmp_path / 'tiny-qwen2'))
+  manual_dir = write_gsm8k(str(tmp_path / 'gsm8k'))
+  long_question = QUESTIONS[0][0] + ' And then in June she sold 7 more clips to her friends.'
+  with open(os.path.join(manual_dir, 'train.jsonl'), 'a') as f:   # lines 5-204, then 205
+    for i in range(200):
+      f.write(json.dumps({'question': f'She sold {i} and then 3. How many?',
+                          'answer': f'Steps.\n#### {i + 3}'}) + '\n')
+    f.write(json.dumps({'question': long_question, 'answer': 'Steps.\n#### 79'}) + '\n')
+  tok = load_tokenizer(model_dir)
+  from configs import grpo_gsm8k_qwen2  # pylint: disable=g-import-not-at-top
+  task = grpo_gsm8k_qwen2.get_config('tiny').task
+  fmt = pipeline.PromptFormat(chat=task.chat_template, instruction=task.instruction)
+  longest = len(tok.encode(fmt.render(long_question, tok)))   # Qwen2 has no BOS
+  run = lambda name, *extra: run_main(
+      '--config', f'{RECIPE}:tiny', f'--config.model.path={model_dir}',
+      f'--config.task.manual_dir={manual_dir}', f'--config.task.data_dir={tmp_path / "tfds"}',
+      f'--config.task.max_prompt_len={longest - 1}', '--config.train.steps=1', *extra,
+      *[f'--config.model.{k}={v}' for k, v in TINY.items()], '--workdir', str(tmp_path / name))
+  refused = run('run')
+  assert refused.returncode == 2 and refused.stderr.splitlines()[-1] == (
+      f'error: config.task.manual_dir: {manual_dir}/train.jsonl line 205 (record 204): its '
+      f'prompt is {longest} tokens, more than config.task.max_prompt_len={longest - 1} (the '
+      f'only one longer; set --config.task.max_prompt_len={longest})'), refused.stderr[-3000:]
+  assert not os.path.exists(tmp_path / 'run' / 'checkpoints')
+  skipped = run('skip', '--config.task.bad_records=skip')
+  assert skipped.returncode == 0, skipped.stderr[-3000:]
+  with open(tmp_path / 'skip' / 'metrics.jsonl') as f:
+    texts = [r.get('text', '') for r in map(json.loads, f) if r['kind'] == 'message']
+  line = (f'gsm8k train split: 1 prompt(s) longer than config.task.max_prompt_len={longest - 1} '
+          "will be skipped (task.bad_records='skip'; the first: "
+          f'{manual_dir}/train.jsonl line 205 (record 204), {longest} tokens)')
+  assert texts.count(line) == 1, texts

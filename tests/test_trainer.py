@@ -186,7 +186,8 @@ def test_a_broken_verifier_stops_the_run_naming_it(tmp_path):
 
 def test_a_prompt_too_long_for_the_config_is_a_setup_error_naming_the_record(tmp_path):
   from rft_jax import components  # pylint: disable=g-import-not-at-top
-  with pytest.raises(components.SetupError, match=r"record id=\d+: prompt '.*' is 7 tokens"):
+  with pytest.raises(components.SetupError, match=r'^arith train split: record id=\d+: its '
+                     r'prompt is \d+ tokens, more than config.task.max_prompt_len=4 '):
     trainer.run(tiny_config(**{'task.max_prompt_len': 4}), str(tmp_path))
 
 
