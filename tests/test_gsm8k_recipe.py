@@ -113,6 +113,7 @@ def test_grpo_gsm8k_on_tiny_qwen2_checkpoint(tmp_path):
       '--config', f'{RECIPE}:tiny', f'--config.model.path={model_dir}',
       f'--config.task.manual_dir={manual_dir}', f'--config.task.data_dir={tmp_path / "tfds"}',
       f'--config.task.max_prompt_len={prompt_len}', *overrides,
+      '--config.task.bad_records=skip',   # the data is read first (train_prompts.check)
       '--workdir', str(tmp_path / 'run2'))
   assert broken.returncode == 2 and 'Traceback' not in broken.stderr, broken.stderr[-3000:]
   assert broken.stderr.strip().splitlines()[-1].startswith(
