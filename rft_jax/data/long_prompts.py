@@ -2,14 +2,17 @@
 
 The input pipeline (pipeline.encode_prompt) refuses such a prompt only when a batch draws it,
 maybe hours into a run. ``scan`` reads every record of a random-access source once instead:
-``--validate_only`` (gsm8k.check_prompt_lengths) and a run's set-up (components.build) both
-call it, before the model is loaded.
+the train split through rft_jax/train_prompts.py, which ``--validate_only``
+(components.check_setup) and a run's set-up (components.build, before the weights load) both
+call; GSM8K's eval records through gsm8k.check_prompt_lengths.
 
 Cost: the token count of a prompt is at most its UTF-8 byte count + 2 (every piece of a
 byte-level BPE or SentencePiece-with-byte-fallback vocabulary covers at least one byte; + the
 SentencePiece leading-space piece and BOS), so only prompts longer than
 ``max_prompt_len - 2`` bytes are tokenized (a normalizer that expands text, as NFKC does a
 ligature, could beat the bound: the pipeline still refuses such a prompt when it is drawn).
+Measured on 2 shared CPU cores: 20.5k arith prompts ~0.2 s; 7.5k GSM8K-length prompts with the
+tests' Qwen2-style tokenizer ~0.2 s when the limit clears their bytes, else ~2-3 s.
 """
 import dataclasses
 from typing import Any, Callable, Sequence
