@@ -219,8 +219,7 @@ def build(config, data: bool = True, params: bool = True) -> Components:
     mesh = meshlib.make_mesh(config.mesh)
   except meshlib.MeshError as e:
     raise SetupError(str(e)) from None
-  tokenizer = _load_tokenizer(config)
-  model_cfg = model_config(config)
+  tokenizer, model_cfg = _load_tokenizer(config), model_config(config)
   _check_vocab(tokenizer, model_cfg, config)
   try:   # before anything is placed: a clear line instead of a device_put shape error
     meshlib.check_model_fits_mesh(model_cfg, mesh)
