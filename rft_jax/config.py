@@ -118,8 +118,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 def start_warnings(config: ml_collections.ConfigDict) -> list[str]:
   """Settings that are legal (a short smoke run must still work) but likely not meant: one line
-  each, printed when the run starts (rft_jax/runs.py open_run). Among them the algo keys set
-  where they are not read (rft_jax/config_unused.py), as algo.clip_eps beside both bounds."""
+  each, printed when the run starts (rft_jax/runs.py open_run). Among them the keys set
+  where they are not read (rft_jax/config_unused.py: algo, monitor, scaling), as algo.clip_eps
+  beside both bounds."""
   m, steps, out = config.get('monitor'), config.train.steps, []
   if m is not None and m.mode != 'off' and m.get('warmup', 10) >= steps:
     out.append(f'warning: config.monitor.warmup={m.get("warmup", 10)} >= config.train.steps='
@@ -130,7 +131,7 @@ def start_warnings(config: ml_collections.ConfigDict) -> list[str]:
   if algo is not None and 'clip_eps_low' in algo and 'clip_eps_high' in algo:
     out.append(f'warning: config.algo.clip_eps={algo.clip_eps} is not used: algo.clip_eps_low '
                'and algo.clip_eps_high are both set, and they are the clip bounds')
-  out += config_unused.unused_warnings(config)   # e.g. algo.max_len without Dr.GRPO's agg
+  out += config_unused.unused_warnings(config)   # e.g. monitor.watch_steps without auto
   return out
 
 

@@ -1,16 +1,20 @@
-"""Warnings for algorithm keys that a user set but that have no effect under the other settings.
+"""Warnings for config keys that a user set but that have no effect under the other settings.
 
-Some algo keys are read only under another setting: algo.max_len only by Dr.GRPO's
-aggregation, kl_target and kl_horizon only by the adaptive KL controller, and so on (CONDITIONAL).
+Some keys are read only under another setting (CONDITIONAL): algo.max_len only by Dr.GRPO's
+aggregation, kl_target and kl_horizon only by the adaptive KL controller, monitor.watch_steps
+and lr_factor only by monitor.mode='auto' remediation, monitor.max_skipped_steps not with
+mode 'off', the scaling.* fit settings only with scaling.live_every > 0, and so on.
 Such a key set where it is not read is legal (validation accepts it) but was silently ignored;
 `unused_warnings(config)` gives one line for each, which config.start_warnings prints when the
-run starts, as it does for an unused algo.clip_eps.
+run starts, as it does for an unused algo.clip_eps. Keys that a tool reads offline from a
+run's config.json are not listed (the monitor's detector knobs: tools.monitor_replay).
 
 Only keys the user changed are reported: a key counts as set when its value differs from the
 recipe's own (the recipe file config.recipe_file, variant config.variant, loaded anew), so a
 recipe default left alone is never reported, not even after a setting it depends on changed
 (dapo_arith's overlong_cache with --config.algo.overlong=mask). A config not made from a recipe
-file is compared with the code's defaults (rft_jax/algorithms/grpo.py GRPOConfig).
+file is compared with the code's defaults (Conditional.default: rft_jax/algorithms/grpo.py
+GRPOConfig, monitor/remediation.py Remediator, scaling/live.py LiveConfig).
 No JAX import.
 """
 import os
@@ -20,64 +24,102 @@ import ml_collections
 
 
 class Conditional(NamedTuple):
-  """`key` (in config.algo) is read only when `matters(algo)` holds, i.e. with `setting`."""
+  """`key` ('section.name') is read only when `matters(config)` holds, i.e. with `setting`."""
   key: str
-  default: Any   # GRPOConfig's default (tests/test_config_unused.py checks they agree)
+  default: Any   # the code's default (tests/test_config_unused.py checks they agree)
   matters: Callable[[ml_collections.ConfigDict], bool]
   setting: str
 
 
-def _adaptive_kl(algo) -> bool:
-  return algo.get('kl_ctrl', 'fixed') == 'adaptive'
+def _adaptive_kl(config) -> bool:
+  return config.algo.get('kl_ctrl', 'fixed') == 'adaptive'
 
 
-def _dynamic_sampling(algo) -> bool:
-  return algo.get('dynamic_sampling', False)
+def _dynamic_sampling(config) -> bool:
+  return config.algo.get('dynamic_sampling', False)
 
 
+def _monitor_auto(config) -> bool:
+  return config.monitor.get('mode', 'off') == 'auto'
+
+
+def _live_fit(config) -> bool:
+  return config.scaling.get('live_every', 0) > 0
+
+
+_LIVE = 'scaling.live_every > 0 (the live scaling fit)'
 CONDITIONAL = (
-    Conditional('max_len', 0, lambda algo: algo.loss_agg == 'seq_mean_token_sum_norm',
+    Conditional('algo.max_len', 0,
+                lambda config: config.algo.loss_agg == 'seq_mean_token_sum_norm',
                 "algo.loss_agg='seq_mean_token_sum_norm' (Dr.GRPO's aggregation)"),
-    Conditional('kl_target', 0.1, _adaptive_kl, "algo.kl_ctrl='adaptive'"),
-    Conditional('kl_horizon', 10000.0, _adaptive_kl, "algo.kl_ctrl='adaptive'"),
-    Conditional('max_sampling_rounds', 4, _dynamic_sampling, 'algo.dynamic_sampling=True'),
-    Conditional('dynamic_sampling_metric', 'accuracy', _dynamic_sampling,
+    Conditional('algo.kl_target', 0.1, _adaptive_kl, "algo.kl_ctrl='adaptive'"),
+    Conditional('algo.kl_horizon', 10000.0, _adaptive_kl, "algo.kl_ctrl='adaptive'"),
+    Conditional('algo.max_sampling_rounds', 4, _dynamic_sampling, 'algo.dynamic_sampling=True'),
+    Conditional('algo.dynamic_sampling_metric', 'accuracy', _dynamic_sampling,
                 'algo.dynamic_sampling=True'),
-    Conditional('overlong_cache', 0, lambda algo: algo.get('overlong', 'none') == 'soft',
+    Conditional('algo.overlong_cache', 0,
+                lambda config: config.algo.get('overlong', 'none') == 'soft',
                 "algo.overlong='soft' (the soft overlong punishment)"),
+    # Remediation's knobs (monitor/remediation.py: 'off', 'warn' and 'halt' take no action).
+    # The detector knobs (warmup, cusum_h, ...) are not here: tools.monitor_replay reads them
+    # from a run's config.json whatever its mode.
+    Conditional('monitor.watch_steps', 10, _monitor_auto,
+                "monitor.mode='auto' (remediation's watch)"),
+    Conditional('monitor.lr_factor', 0.1, _monitor_auto,
+                "monitor.mode='auto' (remediation's lower_lr)"),
+    # With mode 'off' one step with a non-finite loss or gradient stops the run (trainer.py).
+    Conditional('monitor.max_skipped_steps', 5,
+                lambda config: config.monitor.get('mode', 'off') != 'off',
+                "monitor.mode 'warn', 'halt' or 'auto' (with 'off' the first skipped step "
+                'stops the run)'),
+    # scaling/live.py LiveConfig; tools.scaling takes its own flags, not config.scaling.
+    Conditional('scaling.model', 'sigmoid', _live_fit, _LIVE),
+    Conditional('scaling.exclude_first', 0.1, _live_fit, _LIVE),
+    Conditional('scaling.n_boot', 200, _live_fit, _LIVE),
+    Conditional('scaling.anomaly_sd', 3.0, _live_fit, _LIVE),
+    Conditional('scaling.anomaly_min_drop', 0.05, _live_fit, _LIVE),
 )
 
 
-def recipe_algo(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict | None:
-  """The algo section of the recipe `config` was made from (config.recipe_file, with
-  config.variant), before any override; None without a readable recipe file or algo section."""
+def recipe_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict | None:
+  """The config of the recipe `config` was made from (config.recipe_file, with config.variant),
+  before any override; None without a readable recipe file."""
   from rft_jax import recipes  # pylint: disable=g-import-not-at-top  (recipes imports config)
   path = config.get('recipe_file', '')
   if not path or not os.path.isfile(path):
     return None
   variant = config.get('variant', '')
   try:
-    recipe = recipes.load_recipe(path + (f':{variant}' if variant else ''))
+    return recipes.load_recipe(path + (f':{variant}' if variant else ''))
   except recipes.RecipeError:
     return None
-  return recipe.get('algo')
+
+
+def _value(config, key: str, default: Any = None) -> Any:
+  """config's value at 'section.name'; `default` where the section or the key is missing."""
+  section, name = key.split('.')
+  part = config.get(section) if config is not None else None
+  return part.get(name, default) if part is not None else default
 
 
 def unused_warnings(config: ml_collections.ConfigDict) -> list[str]:
-  """One 'warning: config.algo.<key>=<value> is not used: ...' line for each CONDITIONAL key
-  that is set, differs from the recipe's value (or the default), and is not read under the
-  config's other settings. [] for SFT and DPO configs (no algo section)."""
-  algo = config.get('algo')
-  if algo is None:
+  """One 'warning: config.<key>=<value> is not used: ...' line for each CONDITIONAL key that is
+  set, differs from the recipe's value (or the default), and is not read under the config's
+  other settings. A section the config lacks (algo in SFT and DPO) has nothing to report."""
+  rules = [rule for rule in CONDITIONAL
+           if rule.key.split('.')[1] in (config.get(rule.key.split('.')[0]) or {})]
+  if not rules:
     return []
-  recipe = recipe_algo(config)
-  out = []
-  for rule in CONDITIONAL:
-    if rule.key not in algo or rule.matters(algo):
+  recipe, missing, out = recipe_config(config), object(), []
+  for rule in rules:
+    if rule.matters(config):
       continue
-    before = recipe.get(rule.key, rule.default) if recipe is not None else rule.default
-    if algo[rule.key] == before:
+    before = _value(recipe, rule.key, missing) if recipe is not None else missing
+    if before is missing:   # no recipe file, or a key the recipe left out
+      before = rule.default
+    value = _value(config, rule.key)
+    if value == before:
       continue
-    out.append(f'warning: config.algo.{rule.key}={algo[rule.key]!r} is not used: it is read '
-               f'only with {rule.setting}')
+    out.append(f'warning: config.{rule.key}={value!r} is not used: it is read only with '
+               f'{rule.setting}')
   return out

@@ -4,6 +4,7 @@ alone are never reported."""
 import glob
 import importlib.util
 import os
+import re
 
 import pytest
 
@@ -32,6 +33,20 @@ def _unused(config):
     ('dapo_arith', {'algo.overlong': 'mask', 'algo.overlong_cache': 3}, 'algo.overlong_cache',
      "algo.overlong='soft'"),
     ('dr_grpo_arith', {'algo.overlong_cache': 2}, 'algo.overlong_cache', "algo.overlong='soft'"),
+    # remediation's knobs: read by monitor.mode='auto' only (the recipes' mode is 'warn')
+    ('grpo_arith', {'monitor.watch_steps': 5}, 'monitor.watch_steps', "monitor.mode='auto'"),
+    ('grpo_arith', {'monitor.mode': 'halt', 'monitor.lr_factor': 0.5}, 'monitor.lr_factor',
+     "monitor.mode='auto'"),
+    ('ppo_arith', {'monitor.mode': 'off', 'monitor.max_skipped_steps': 3},
+     'monitor.max_skipped_steps', "monitor.mode 'warn', 'halt' or 'auto'"),
+    # the live scaling fit's settings: read with scaling.live_every > 0 only (the recipes' 0)
+    ('grpo_arith', {'scaling.model': 'power_law'}, 'scaling.model', 'scaling.live_every > 0'),
+    ('rloo_arith', {'scaling.exclude_first': 0.2}, 'scaling.exclude_first',
+     'scaling.live_every > 0'),
+    ('grpo_arith', {'scaling.n_boot': 50}, 'scaling.n_boot', 'scaling.live_every > 0'),
+    ('dapo_arith', {'scaling.anomaly_sd': 2.0}, 'scaling.anomaly_sd', 'scaling.live_every > 0'),
+    ('grpo_arith', {'scaling.anomaly_min_drop': 0.1}, 'scaling.anomaly_min_drop',
+     'scaling.live_every > 0'),
 ])
 def test_a_key_set_where_it_is_not_read_is_one_warning_naming_the_setting(
     recipe, overrides, key, setting):
@@ -49,6 +64,12 @@ def test_a_key_set_where_it_is_not_read_is_one_warning_naming_the_setting(
     ('dapo_arith', {'algo.overlong': 'mask'}),            # the recipe's overlong_cache, untouched
     ('dapo_arith', {'algo.dynamic_sampling': False}),     # the recipe's max_sampling_rounds
     ('grpo_arith', {'algo.kl_target': 0.1}),              # the default: no change
+    ('grpo_arith', {'monitor.mode': 'auto', 'monitor.watch_steps': 5, 'monitor.lr_factor': 0.5}),
+    ('grpo_arith', {'monitor.max_skipped_steps': 3}),     # read in mode 'warn'
+    ('grpo_arith', {'monitor.mode': 'off'}),              # the recipe's knobs, untouched
+    # the detector knobs are read offline (tools.monitor_replay takes a run's) in any mode
+    ('grpo_arith', {'monitor.mode': 'off', 'monitor.cusum_h': 4.0, 'monitor.warmup': 3}),
+    ('grpo_arith', {'scaling.live_every': 1, 'scaling.n_boot': 50, 'scaling.model': 'power_law'}),
 ])
 def test_a_key_that_is_read_or_left_at_the_recipe_default_is_not_reported(recipe, overrides):
   assert _unused(api.load_config(recipe + ':tiny', overrides)) == []
@@ -61,10 +82,25 @@ def test_without_a_recipe_file_the_code_defaults_are_the_baseline():
   assert line.startswith('warning: config.algo.overlong_cache=2 is not used')
 
 
-def test_the_defaults_are_grpo_configs():
+def test_the_defaults_are_the_codes():
+  """Each Conditional.default is the default of the code that reads the key."""
+  import inspect  # pylint: disable=g-import-not-at-top
   from rft_jax.algorithms import grpo  # pylint: disable=g-import-not-at-top
+  from rft_jax.monitor import remediation  # pylint: disable=g-import-not-at-top
+  from rft_jax.scaling import live  # pylint: disable=g-import-not-at-top
+  remediator = inspect.signature(remediation.Remediator).parameters
+  with open(os.path.join(REPO, 'rft_jax', 'trainer.py'), encoding='utf-8') as f:   # (JAX)
+    [skipped] = re.findall(r"monitor\.get\('max_skipped_steps', (\d+)\)", f.read())
+  code = {'monitor.max_skipped_steps': int(skipped)}
   for rule in config_unused.CONDITIONAL:
-    assert getattr(grpo.GRPOConfig(), rule.key) == rule.default, rule.key
+    section, name = rule.key.split('.')
+    if section == 'algo':
+      code[rule.key] = getattr(grpo.GRPOConfig(), name)
+    elif section == 'scaling':
+      code[rule.key] = getattr(live.LiveConfig(), name)
+    elif name in remediator:
+      code[rule.key] = remediator[name].default
+    assert code[rule.key] == rule.default, rule.key
 
 
 def _shipped_recipes():
