@@ -145,6 +145,8 @@ def sampling_notices(config: ml_collections.ConfigDict) -> list[str]:
   tokens by pi_full / pi_truncated (capped), but tokens the filter removed are never sampled.
   """
   rollout = config.rollout
+  if not rollout.temperature and not rules.moves_temperature(config):
+    return []   # greedy: the argmax of the full logits, no filter (config_unused warns of them)
   where = [f'rollout.top_k={rollout.top_k}'] if rollout.top_k > 0 else []
   where += [f'rollout.top_p={rollout.top_p}'] if rollout.top_p < 1 else []
   if not where:

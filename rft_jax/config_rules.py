@@ -186,7 +186,8 @@ def _check_algo(config: ml_collections.ConfigDict) -> None:
       reason += (f' (algo.advantage={algo.advantage!r} uses a group baseline; with 1 use '
                  + ' or '.join(map(repr, GROUP_FREE_ADVANTAGES)) + ')')
     raise ConfigError('rollout.group_size', reason, rollout.group_size)
-  if not rollout.temperature and algo.advantage not in group_free and not _moves_temp(config):
+  if (not rollout.temperature and algo.advantage not in group_free
+      and not moves_temperature(config)):
     raise ConfigError('rollout.temperature', 'greedy sampling makes the G completions of a '
                       f'prompt identical, so algo.advantage={algo.advantage!r} (a group '
                       'baseline) is 0 for every completion and nothing is learned; sample at a '
@@ -196,7 +197,7 @@ def _check_algo(config: ml_collections.ConfigDict) -> None:
                       f'losses, not algo.loss={algo.loss!r}; set it to 0', algo.clip_c)
 
 
-def _moves_temp(config: ml_collections.ConfigDict) -> bool:
+def moves_temperature(config: ml_collections.ConfigDict) -> bool:
   """An injected fault (rft_jax/faults.py) samples at another temperature than the recipe's."""
   moving = ('sampler_temperature', 'temperature_anneal', 'kl_removed_low_temp')
   return any(hasattr(f, 'get') and f.get('type') in moving for f in config.get('faults', ()))
@@ -253,7 +254,8 @@ def _check_dapo_extras(config: ml_collections.ConfigDict) -> None:
     raise ConfigError('algo.dynamic_sampling', 'needs rollout.group_size >= 2 (it drops groups '
                       f'without reward spread; a group of {rollout.group_size} never has any)',
                       True)
-  if algo.get('dynamic_sampling', False) and not rollout.temperature and not _moves_temp(config):
+  if (algo.get('dynamic_sampling', False) and not rollout.temperature
+      and not moves_temperature(config)):
     raise ConfigError('algo.dynamic_sampling', 'drops every group: greedy sampling '
                       '(rollout.temperature=0) gives a group no reward spread', True)
   cache = algo.get('overlong_cache', 0)

@@ -3,7 +3,8 @@
 Some keys are read only under another setting (CONDITIONAL): algo.max_len only by Dr.GRPO's
 aggregation, kl_target and kl_horizon only by the adaptive KL controller, monitor.watch_steps
 and lr_factor only by monitor.mode='auto' remediation, monitor.max_skipped_steps not with
-mode 'off', the scaling.* fit settings only with scaling.live_every > 0, and so on.
+mode 'off', rollout.top_k and top_p not in greedy sampling, the scaling.* fit settings only
+with scaling.live_every > 0, and so on.
 Such a key set where it is not read is legal (validation accepts it) but was silently ignored;
 `unused_warnings(config)` gives one line for each, which config.start_warnings prints when the
 run starts, as it does for an unused algo.clip_eps. Keys that a tool reads offline from a
@@ -21,6 +22,8 @@ import os
 from typing import Any, Callable, NamedTuple
 
 import ml_collections
+
+from rft_jax import config_rules
 
 
 class Conditional(NamedTuple):
@@ -43,6 +46,12 @@ def _monitor_auto(config) -> bool:
   return config.monitor.get('mode', 'off') == 'auto'
 
 
+def _sampled(config) -> bool:
+  """The sampler draws at a temperature > 0 (greedy takes the argmax of the full logits) or an
+  injected fault moves its temperature."""
+  return config.rollout.get('temperature', 1.0) > 0 or config_rules.moves_temperature(config)
+
+
 def _live_fit(config) -> bool:
   return config.scaling.get('live_every', 0) > 0
 
@@ -60,6 +69,9 @@ CONDITIONAL = (
     Conditional('algo.overlong_cache', 0,
                 lambda config: config.algo.get('overlong', 'none') == 'soft',
                 "algo.overlong='soft' (the soft overlong punishment)"),
+    # sampling/sampler.py choose: the top-k / top-p filter applies to sampled tokens only
+    Conditional('rollout.top_k', 0, _sampled, 'rollout.temperature > 0 (greedy ignores it)'),
+    Conditional('rollout.top_p', 1.0, _sampled, 'rollout.temperature > 0 (greedy ignores it)'),
     # Remediation's knobs (monitor/remediation.py: 'off', 'warn' and 'halt' take no action).
     # The detector knobs (warmup, cusum_h, ...) are not here: tools.monitor_replay reads them
     # from a run's config.json whatever its mode.

@@ -33,6 +33,11 @@ def _unused(config):
     ('dapo_arith', {'algo.overlong': 'mask', 'algo.overlong_cache': 3}, 'algo.overlong_cache',
      "algo.overlong='soft'"),
     ('dr_grpo_arith', {'algo.overlong_cache': 2}, 'algo.overlong_cache', "algo.overlong='soft'"),
+    # the top-k / top-p filter: greedy sampling takes the argmax of the full logits
+    ('reinforce_pp_arith', {'rollout.temperature': 0.0, 'rollout.top_k': 20}, 'rollout.top_k',
+     'rollout.temperature > 0'),
+    ('ppo_arith', {'rollout.temperature': 0.0, 'rollout.top_p': 0.9}, 'rollout.top_p',
+     'rollout.temperature > 0'),
     # remediation's knobs: read by monitor.mode='auto' only (the recipes' mode is 'warn')
     ('grpo_arith', {'monitor.watch_steps': 5}, 'monitor.watch_steps', "monitor.mode='auto'"),
     ('grpo_arith', {'monitor.mode': 'halt', 'monitor.lr_factor': 0.5}, 'monitor.lr_factor',
@@ -64,6 +69,8 @@ def test_a_key_set_where_it_is_not_read_is_one_warning_naming_the_setting(
     ('dapo_arith', {'algo.overlong': 'mask'}),            # the recipe's overlong_cache, untouched
     ('dapo_arith', {'algo.dynamic_sampling': False}),     # the recipe's max_sampling_rounds
     ('grpo_arith', {'algo.kl_target': 0.1}),              # the default: no change
+    ('grpo_arith', {'rollout.top_k': 20, 'rollout.top_p': 0.9}),   # sampled at temperature 1
+    ('reinforce_pp_arith', {'rollout.temperature': 0.0}),  # the recipe's top_k 0, top_p 1
     ('grpo_arith', {'monitor.mode': 'auto', 'monitor.watch_steps': 5, 'monitor.lr_factor': 0.5}),
     ('grpo_arith', {'monitor.max_skipped_steps': 3}),     # read in mode 'warn'
     ('grpo_arith', {'monitor.mode': 'off'}),              # the recipe's knobs, untouched
@@ -82,11 +89,22 @@ def test_without_a_recipe_file_the_code_defaults_are_the_baseline():
   assert line.startswith('warning: config.algo.overlong_cache=2 is not used')
 
 
+def test_greedy_sampling_with_a_filter_is_one_warning_and_no_off_policy_notice():
+  config = api.load_config('reinforce_pp_arith:tiny',
+                           {'rollout.temperature': 0.0, 'rollout.top_k': 20})
+  assert config_lib.sampling_notices(config) == []   # greedy: no truncated distribution
+  config.faults = [{'type': 'sampler_temperature', 'onset_step': 2, 'strength': 1.0}]
+  assert _unused(config) == []   # the fault samples at temperature 1: the filter applies
+  [notice] = config_lib.sampling_notices(config)
+  assert notice.startswith('rollout.top_k=20: ')
+
+
 def test_the_defaults_are_the_codes():
   """Each Conditional.default is the default of the code that reads the key."""
   import inspect  # pylint: disable=g-import-not-at-top
   from rft_jax.algorithms import grpo  # pylint: disable=g-import-not-at-top
   from rft_jax.monitor import remediation  # pylint: disable=g-import-not-at-top
+  from rft_jax.sampling import sampler  # pylint: disable=g-import-not-at-top
   from rft_jax.scaling import live  # pylint: disable=g-import-not-at-top
   remediator = inspect.signature(remediation.Remediator).parameters
   with open(os.path.join(REPO, 'rft_jax', 'trainer.py'), encoding='utf-8') as f:   # (JAX)
@@ -94,7 +112,9 @@ def test_the_defaults_are_the_codes():
   code = {'monitor.max_skipped_steps': int(skipped)}
   for rule in config_unused.CONDITIONAL:
     section, name = rule.key.split('.')
-    if section == 'algo':
+    if section == 'rollout':
+      code[rule.key] = getattr(sampler.SamplingConfig, name)
+    elif section == 'algo':
       code[rule.key] = getattr(grpo.GRPOConfig(), name)
     elif section == 'scaling':
       code[rule.key] = getattr(live.LiveConfig(), name)
