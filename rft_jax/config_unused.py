@@ -3,8 +3,8 @@
 Some keys are read only under another setting (CONDITIONAL): algo.max_len only by Dr.GRPO's
 aggregation, kl_target and kl_horizon only by the adaptive KL controller, monitor.watch_steps
 and lr_factor only by monitor.mode='auto' remediation, monitor.max_skipped_steps not with
-mode 'off', rollout.top_k and top_p not in greedy sampling, the scaling.* fit settings only
-with scaling.live_every > 0, and so on.
+mode 'off', rollout.top_k and top_p not in greedy sampling, rewards.memory_mb not with
+rewards.num_workers=0, the scaling.* fit settings only with scaling.live_every > 0, and so on.
 Such a key set where it is not read is legal (validation accepts it) but was silently ignored;
 `unused_warnings(config)` gives one line for each, which config.start_warnings prints when the
 run starts, as it does for an unused algo.clip_eps. Keys that a tool reads offline from a
@@ -15,7 +15,7 @@ recipe's own (the recipe file config.recipe_file, variant config.variant, loaded
 recipe default left alone is never reported, not even after a setting it depends on changed
 (dapo_arith's overlong_cache with --config.algo.overlong=mask). A config not made from a recipe
 file is compared with the code's defaults (Conditional.default: rft_jax/algorithms/grpo.py
-GRPOConfig, monitor/remediation.py Remediator, scaling/live.py LiveConfig).
+GRPOConfig, Remediator, LiveConfig, ...: the test checks them).
 No JAX import.
 """
 import os
@@ -72,6 +72,9 @@ CONDITIONAL = (
     # sampling/sampler.py choose: the top-k / top-p filter applies to sampled tokens only
     Conditional('rollout.top_k', 0, _sampled, 'rollout.temperature > 0 (greedy ignores it)'),
     Conditional('rollout.top_p', 1.0, _sampled, 'rollout.temperature > 0 (greedy ignores it)'),
+    # rewards/runner.py: the address-space limit is set in each worker process, not inline
+    Conditional('rewards.memory_mb', 0, lambda config: config.rewards.get('num_workers', 2) > 0,
+                'rewards.num_workers > 0 (the limit is set in each reward worker process)'),
     # Remediation's knobs (monitor/remediation.py: 'off', 'warn' and 'halt' take no action).
     # The detector knobs (warmup, cusum_h, ...) are not here: tools.monitor_replay reads them
     # from a run's config.json whatever its mode.

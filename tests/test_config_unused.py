@@ -38,6 +38,9 @@ def _unused(config):
      'rollout.temperature > 0'),
     ('ppo_arith', {'rollout.temperature': 0.0, 'rollout.top_p': 0.9}, 'rollout.top_p',
      'rollout.temperature > 0'),
+    # the reward workers' memory limit: inline scoring (num_workers=0) sets none
+    ('grpo_arith', {'rewards.num_workers': 0, 'rewards.memory_mb': 2048}, 'rewards.memory_mb',
+     'rewards.num_workers > 0'),
     # remediation's knobs: read by monitor.mode='auto' only (the recipes' mode is 'warn')
     ('grpo_arith', {'monitor.watch_steps': 5}, 'monitor.watch_steps', "monitor.mode='auto'"),
     ('grpo_arith', {'monitor.mode': 'halt', 'monitor.lr_factor': 0.5}, 'monitor.lr_factor',
@@ -71,6 +74,8 @@ def test_a_key_set_where_it_is_not_read_is_one_warning_naming_the_setting(
     ('grpo_arith', {'algo.kl_target': 0.1}),              # the default: no change
     ('grpo_arith', {'rollout.top_k': 20, 'rollout.top_p': 0.9}),   # sampled at temperature 1
     ('reinforce_pp_arith', {'rollout.temperature': 0.0}),  # the recipe's top_k 0, top_p 1
+    ('grpo_arith', {'rewards.memory_mb': 2048}),            # two workers read it
+    ('grpo_arith', {'rewards.num_workers': 0}),             # the recipe's memory_mb, untouched
     ('grpo_arith', {'monitor.mode': 'auto', 'monitor.watch_steps': 5, 'monitor.lr_factor': 0.5}),
     ('grpo_arith', {'monitor.max_skipped_steps': 3}),     # read in mode 'warn'
     ('grpo_arith', {'monitor.mode': 'off'}),              # the recipe's knobs, untouched
@@ -104,6 +109,7 @@ def test_the_defaults_are_the_codes():
   import inspect  # pylint: disable=g-import-not-at-top
   from rft_jax.algorithms import grpo  # pylint: disable=g-import-not-at-top
   from rft_jax.monitor import remediation  # pylint: disable=g-import-not-at-top
+  from rft_jax.rewards import runner  # pylint: disable=g-import-not-at-top
   from rft_jax.sampling import sampler  # pylint: disable=g-import-not-at-top
   from rft_jax.scaling import live  # pylint: disable=g-import-not-at-top
   remediator = inspect.signature(remediation.Remediator).parameters
@@ -112,7 +118,9 @@ def test_the_defaults_are_the_codes():
   code = {'monitor.max_skipped_steps': int(skipped)}
   for rule in config_unused.CONDITIONAL:
     section, name = rule.key.split('.')
-    if section == 'rollout':
+    if section == 'rewards':
+      code[rule.key] = inspect.signature(runner.RewardRunner).parameters[name].default
+    elif section == 'rollout':
       code[rule.key] = getattr(sampler.SamplingConfig, name)
     elif section == 'algo':
       code[rule.key] = getattr(grpo.GRPOConfig(), name)
