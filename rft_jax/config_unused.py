@@ -1,9 +1,10 @@
 """Warnings for config keys that a user set but that have no effect under the other settings.
 
 Some keys are read only under another setting (CONDITIONAL): algo.max_len only by Dr.GRPO's
-aggregation, kl_target and kl_horizon only by the adaptive KL controller, monitor.watch_steps
-and lr_factor only by monitor.mode='auto' remediation, monitor.max_skipped_steps not with
-mode 'off', rollout.top_k and top_p not in greedy sampling, rewards.memory_mb not with
+aggregation (or a registered one; never by the built-ins in IGNORE_MAX_LEN), kl_target and
+kl_horizon only by the adaptive KL controller, monitor.watch_steps and lr_factor only by
+monitor.mode='auto' remediation, monitor.max_skipped_steps not with mode 'off',
+rollout.top_k and top_p not in greedy sampling, rewards.memory_mb not with
 rewards.num_workers=0, the scaling.* fit settings only with scaling.live_every > 0, and so on.
 Such a key set where it is not read is legal (validation accepts it) but was silently ignored;
 `unused_warnings(config)` gives one line for each, which config.start_warnings prints when the
@@ -57,10 +58,14 @@ def _live_fit(config) -> bool:
 
 
 _LIVE = 'scaling.live_every > 0 (the live scaling fit)'
+# The built-in loss aggregations that ignore norm_len (algo.max_len; rft_jax/algorithms/
+# losses.py). Any other, a registered one (registry.register_loss_agg) included, may read it.
+IGNORE_MAX_LEN = ('token_mean', 'seq_mean_token_mean', 'seq_mean_token_sum')
+
 CONDITIONAL = (
-    Conditional('algo.max_len', 0,
-                lambda config: config.algo.loss_agg == 'seq_mean_token_sum_norm',
-                "algo.loss_agg='seq_mean_token_sum_norm' (Dr.GRPO's aggregation)"),
+    Conditional('algo.max_len', 0, lambda config: config.algo.loss_agg not in IGNORE_MAX_LEN,
+                "algo.loss_agg='seq_mean_token_sum_norm' (Dr.GRPO's aggregation) or an "
+                'aggregation registered to read norm_len'),
     Conditional('algo.kl_target', 0.1, _adaptive_kl, "algo.kl_ctrl='adaptive'"),
     Conditional('algo.kl_horizon', 10000.0, _adaptive_kl, "algo.kl_ctrl='adaptive'"),
     Conditional('algo.max_sampling_rounds', 4, _dynamic_sampling, 'algo.dynamic_sampling=True'),

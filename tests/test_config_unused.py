@@ -6,6 +6,7 @@ import importlib.util
 import os
 import re
 
+import numpy as np
 import pytest
 
 from rft_jax import api
@@ -102,6 +103,24 @@ def test_greedy_sampling_with_a_filter_is_one_warning_and_no_off_policy_notice()
   assert _unused(config) == []   # the fault samples at temperature 1: the filter applies
   [notice] = config_lib.sampling_notices(config)
   assert notice.startswith('rollout.top_k=20: ')
+
+
+def test_max_len_is_not_reported_under_an_aggregation_that_reads_it(monkeypatch):
+  """A registered aggregation may divide by norm_len (algo.max_len), as Dr.GRPO's does: setting
+  max_len then has an effect, and a warning saying it has none would mislead."""
+  from rft_jax.algorithms import losses, registry  # pylint: disable=g-import-not-at-top
+  monkeypatch.setitem(registry.LOSS_AGGREGATIONS, 'my_norm', losses.seq_mean_token_sum_norm)
+  config = api.load_config('grpo_arith:tiny', {'algo.loss_agg': 'my_norm', 'algo.max_len': 8})
+  assert _unused(config) == []
+
+
+def test_the_builtin_aggregations_said_to_ignore_max_len_are_those_that_do():
+  from rft_jax.algorithms import losses, registry  # pylint: disable=g-import-not-at-top
+  del losses   # imported: the built-ins are registered
+  x_bl, mask_bl = np.arange(6.0).reshape(2, 3), np.ones((2, 3))
+  for name, agg in registry.LOSS_AGGREGATIONS.items():
+    reads = agg(x_bl, mask_bl, norm_len=4)[0] != agg(x_bl, mask_bl, norm_len=7)[0]
+    assert (name in config_unused.IGNORE_MAX_LEN) == (not reads), name
 
 
 def test_the_defaults_are_the_codes():
