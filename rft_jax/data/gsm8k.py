@@ -189,7 +189,7 @@ def long_prompts_in(task, tokenizer, records: list[dict], split: str):
 def check_prompt_lengths(task, tokenizer, test: list[dict]) -> None:
   """ValueError naming the first of the ``test`` records (those the eval reads) whose prompt is
   longer than task.max_prompt_len (the run would stop at its first eval); the train split is
-  components.check_train_prompts'."""
+  rft_jax/train_prompts.py's (check)."""
   found = long_prompts_in(task, tokenizer, test, 'test')
   if found.over:
     raise ValueError(found.error())
