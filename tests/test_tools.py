@@ -88,6 +88,17 @@ def test_export_base_takes_overrides(run_dir, tmp_path, capsys):
              r'^error: no checkpoint at step 5 in .* \(there: [0-9, ]+\)$')
 
 
+def test_export_base_reads_no_task_data(run_dir, tmp_path):
+  """As export: only the model is built (the README says so of both tools); export_base read
+  the task's data (and scanned its train prompts), so a data_dir no dataset can be prepared in
+  refused an export that needs none."""
+  (tmp_path / 'a_file').write_text('')
+  out = tmp_path / 'base'
+  export_base.main(['--config', RECIPE, '--workdir', run_dir, '--out', str(out),
+                    f'--config.task.data_dir={tmp_path / "a_file"}'])
+  assert os.path.isfile(os.path.join(out, '_CHECKPOINT_METADATA'))
+
+
 def test_export_base_reads_only_the_params(run_dir, tmp_path, monkeypatch):
   """export_base restored the whole train state (AdamW's two moments: twice the params) and
   built a fresh one to restore into, to write only the params; orbax now reads those alone."""

@@ -52,7 +52,8 @@ def main(argv=None):
   args, overrides = parse_with_overrides(ap, argv)
   config = load_config(args.config, overrides)
   try:
-    c = components.build(config, params=False)   # c.params: shapes (the run's are read)
+    # neither the task's data nor the initial weights (c.params: shapes; the run's are read)
+    c = components.build(config, data=False, params=False)
   except components.SetupError as e:   # a file, the mesh: one line, as rft_jax.main's
     raise usage_exit(str(e)) from None
   check_out(args.out)   # before anything is read: a mistyped --out was deleted whole
