@@ -84,6 +84,13 @@ def _check_fits(name: str, saved: Any, mine: Any) -> None:
                      f'{only_saved[:1] or saved_n[:1]}, here {only_mine[:1] or mine_n[:1]})')
 
 
+def missing_leaves(tree) -> list[str]:
+  """Dotted paths of the leaves a partial_restore left as the ShapeDtypeStruct it was asked
+  for (the checkpoint has no array of that name)."""
+  return [jax.tree_util.keystr(k, simple=True, separator='.') for k, leaf in
+          jax.tree_util.tree_leaves_with_path(tree) if isinstance(leaf, jax.ShapeDtypeStruct)]
+
+
 class Checkpointer:
   """Verified checkpoints over ocp.CheckpointManager (items above); see the module doc."""
 
@@ -282,10 +289,16 @@ class Checkpointer:
     """Checkpoint `step`'s state.params alone, into the structure (and shardings) of
     like_params (arrays or ShapeDtypeStructs): the optimizer state, monitor and the other items
     are never read (with AdamW's two moments, a third of `restore`'s state). ValueError (first
-    line: which shapes differ) when the saved params are not this model's, before any read."""
+    line: which shapes differ, before any read; or which param the checkpoint lacks) when the
+    saved params are not this model's."""
     _check_fits('params', self._state_metadata(step)['params'], like_params)
     with self._quiet.restore():
-      return self._restore_fields(step, {'params': abstract(like_params, shardings)})['params']
+      params = self._restore_fields(step, {'params': abstract(like_params, shardings)})['params']
+    missing = missing_leaves(params)
+    if missing:   # the same shapes under other names: partial_restore left them unread
+      raise ValueError(f'no param {missing[0]} ({len(missing)} missing): a checkpoint of another '
+                       'model than this config builds')
+    return params
 
   def restore_meta(self, step: int) -> dict:
     """Checkpoint `step`'s meta item (the JSON dict `save` got)."""

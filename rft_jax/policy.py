@@ -104,8 +104,8 @@ def _restore_params(state_dir: str, like, shardings):
                                 restore_args=ocp.checkpoint_utils.construct_restore_args(item))
   with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
     params = ckptr.restore(os.path.abspath(state_dir), args=args)['params']
-  missing = [jax.tree_util.keystr(k, simple=True, separator='.') for k, leaf in
-             jax.tree_util.tree_leaves_with_path(params) if not isinstance(leaf, jax.Array)]
+  from rft_jax.checkpoint import missing_leaves  # pylint: disable=g-import-not-at-top
+  missing = missing_leaves(params)
   if missing:   # partial_restore leaves what the checkpoint lacks as the ShapeDtypeStruct asked
     from rft_jax.components import SetupError  # pylint: disable=g-import-not-at-top
     raise SetupError(f'{state_dir}: no param {missing[0]} ({len(missing)} missing): a checkpoint '

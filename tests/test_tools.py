@@ -116,6 +116,29 @@ def test_export_base_reads_only_the_params(run_dir, tmp_path, monkeypatch):
   jax.tree.map(np.testing.assert_array_equal, written, params)
 
 
+def test_export_of_params_saved_under_other_names_is_refused(run_dir, tmp_path, capsys):
+  """A checkpoint whose params have this model's shapes under another name: restore_params
+  returned the ShapeDtypeStruct it asked for in that param's place (orbax's partial restore),
+  and both tools wrote or failed on it; now one line names the missing param (as
+  api.load_policy did)."""
+  with checkpoint.Checkpointer(os.path.join(run_dir, 'checkpoints')) as ckpt:
+    params = dict(ckpt.restore_params(1, components.build(
+        export_base.load_config(RECIPE), data=False, params=False).params))
+  params['renamed'] = params.pop('embed_tokens')
+  other = str(tmp_path / 'other')
+  with checkpoint.Checkpointer(os.path.join(other, 'checkpoints')) as ckpt:
+    ckpt.save(1, {'params': params}, {'step': 1}, {})
+  with checkpoint.Checkpointer(os.path.join(other, 'checkpoints')) as ckpt:
+    with pytest.raises(ValueError, match=r'^no param embed_tokens\.'):
+      like = dict(params)
+      like['embed_tokens'] = like.pop('renamed')   # this model's names
+      ckpt.restore_params(1, like)
+  for tool in (export_base.main, lambda a: checkpoint_tool.main(['export', *a])):
+    _bad_input(capsys, lambda: tool(['--config', RECIPE, '--workdir', other, '--out',
+                                     str(tmp_path / 'out')]),
+               r'^error: checkpoint 1 in .* does not fit this config \(no param embed_tokens')
+
+
 def test_every_tool_module_imports():
   """Each tools/ module imports in a fresh interpreter (tools.bench_mesh had imported a helper
   that had moved, and broke unnoticed). bench_trl needs the optional `compare` extra."""

@@ -58,10 +58,14 @@ def main(argv=None):
     raise usage_exit(str(e)) from None
   check_out(args.out)   # before anything is read: a mistyped --out was deleted whole
   ckpt, step = open_run_checkpoint(args.workdir, args.step)
-  with ckpt:   # closed however the restore ends (a failed one leaves orbax's logging muted)
-    # the params alone: the optimizer moments (2x the params with AdamW) are never read
-    params = ckpt.restore_params(step, c.params, c.param_shardings)
-    meta = ckpt.restore_meta(step)
+  try:
+    with ckpt:   # closed however the restore ends (a failed one leaves orbax's logging muted)
+      # the params alone: the optimizer moments (2x the params with AdamW) are never read
+      params = ckpt.restore_params(step, c.params, c.param_shardings)
+      meta = ckpt.restore_meta(step)
+  except ValueError as e:   # a run of another model (as tools.checkpoint export says it)
+    raise usage_exit(f'checkpoint {step} in {args.workdir} does not fit this config '
+                     f'({str(e).splitlines()[0]})') from None
   if os.path.exists(args.out):
     shutil.rmtree(args.out)   # an earlier params directory (check_params_out)
   checkpoint.save_params(args.out, params)
