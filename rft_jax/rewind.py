@@ -72,9 +72,11 @@ def rewind(workdir: str, step: int) -> str:
   try:
     with workdir_lock.held(workdir):
       later = check(workdir, step)
-      if not later:
+      if not later:   # a finished run's summary.json: the same command says it is complete
+        finished = os.path.isfile(os.path.join(workdir, 'summary.json'))
         return (f'checkpoint {step} is already the latest in {workdir}: nothing set aside; '
-                'run the same training command to resume from it')
+                + ('the run finished there (summary.json): raise config.train.steps to train on'
+                   if finished else 'run the same training command to resume from it'))
       dest = _destination(workdir, step)
       for name in COPIED:   # before the checkpoints move: a copy cut short loses nothing
         if os.path.isfile(os.path.join(workdir, name)):

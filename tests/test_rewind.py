@@ -119,6 +119,17 @@ def test_a_rewind_to_a_damaged_checkpoint_is_refused(tmp_path, capsys):
   assert code == 0 and 'nothing set aside' in out
 
 
+def test_a_rewind_of_a_finished_run_to_its_latest_checkpoint_says_it_finished(tmp_path, capsys):
+  """Nothing to set aside; 'run the same command to resume' was wrong there: that command
+  answers 'run already complete'."""
+  workdir = fake_run(tmp_path / 'run')
+  with open(os.path.join(workdir, 'summary.json'), 'w') as f:
+    json.dump({'steps': 6}, f)
+  code, out, _ = run_tool(capsys, workdir, '--step', 6)
+  assert code == 0 and 'nothing set aside; the run finished there (summary.json)' in out, out
+  assert 'resume' not in out and os.path.isfile(os.path.join(workdir, 'summary.json'))
+
+
 def test_the_halt_message_names_the_rewind_to_the_checkpoint_before_the_onset():
   text = incidents.halt_checkpoints([4, 8, 12], 10, '/runs/a')
   assert text.endswith('; checkpoint(s) 12 from after it may carry the fault; to resume from '
