@@ -32,7 +32,7 @@ import numpy as np
 
 from rft_jax import components, evaluation, programs, rollouts, run_memory, runs, trainer
 from rft_jax.algorithms import dpo
-from rft_jax.algorithms import train_state as ts
+from rft_jax.algorithms import step_fns
 from rft_jax.data import arith_pairs, pipeline
 from rft_jax.parallel import hostdata
 from rft_jax.parallel import mesh as meshlib
@@ -168,7 +168,6 @@ def _run(config, workdir: str, hooks_extra, scope: runs.RunScope) -> dict:
   online = config.dpo.mode == 'online'
   components.check_batch_splits(config, c.mesh, meshlib.resolved_note(config.mesh, c.mesh))
   memory_est = run_memory.check_memory(c, config)   # one line before an accelerator OOM
-  tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
   # each process reads its rows of every batch; GlobalBatches gathers the global batch
   share = components.process_share(config)   # of the pairs (prompts online) of a step
   if online:
@@ -215,13 +214,8 @@ def _run(config, workdir: str, hooks_extra, scope: runs.RunScope) -> dict:
                      f'{time.time() - t0:.1f}s (the initial policy prefers the chosen answer in '
                      f'{np.mean(table[:, 0] > table[:, 1]):.0%} of them)')
     make_batch = OfflinePairs(data_it, table, batch_sh)
-  step_fn = programs.shared(   # tx, schedule: functions of config.optim
-      'dpo_step', (c.graphdef, dcfg, programs.config_key(config.optim),
-                   programs.tree_key(shardings), batch_sh, rep),
-      lambda: jax.jit(functools.partial(dpo.train_step, graphdef=c.graphdef, dcfg=dcfg, tx=tx,
-                                        schedule=schedule),
-                      in_shardings=(shardings, batch_sh), out_shardings=(shardings, rep),
-                      donate_argnums=0))
+  step_fn = step_fns.shared_update_step(dpo.train_step, c.graphdef, config.optim, shardings,
+                                        batch_sh, rep, dcfg=dcfg)
   evaluator = evaluation.Evaluator(
       c.graphdef, c.model_cfg, c.tokenizer, components.eval_batch(c, config),
       max_new_tokens=completion_len, k=config.eval.k, temperature=config.eval.temperature,

@@ -3,16 +3,15 @@
 Same workdir layout, resume and telemetry as rft_jax/runs.py, whose run helpers it reuses.
 `python -m tools.export_base WORKDIR` then writes the final params as a standalone checkpoint.
 """
-import functools
 import os
 import time
 
 import jax
 import numpy as np
 
-from rft_jax import components, evaluation, programs, run_memory, runs
+from rft_jax import components, evaluation, run_memory, runs
 from rft_jax.algorithms import sft as sft_step
-from rft_jax.algorithms import train_state as ts
+from rft_jax.algorithms import step_fns
 from rft_jax.data import pipeline
 from rft_jax.parallel import hostdata
 from rft_jax.parallel import mesh as meshlib
@@ -32,7 +31,6 @@ def _run(config, workdir: str, hooks_extra, scope: runs.RunScope) -> dict:
   c = components.build(config)
   components.check_batch_splits(config, c.mesh, meshlib.resolved_note(config.mesh, c.mesh))
   memory_est = run_memory.check_memory(c, config)   # one line before an accelerator OOM
-  tx, schedule = ts.make_optimizer(config.optim), ts.lr_schedule(config.optim)
   data_it = hostdata.GlobalBatches(pipeline.sft_batches(   # each process reads its rows only
       c.train_source, c.tokenizer, max_prompt_len=config.task.max_prompt_len,
       answer_len=config.sft.answer_len, seed=config.seed,
@@ -48,13 +46,8 @@ def _run(config, workdir: str, hooks_extra, scope: runs.RunScope) -> dict:
     return runs.finish_complete_run(config, workdir, opened)
 
   batch_sh, rep = meshlib.batch_sharding(c.mesh), meshlib.replicated(c.mesh)
-  step_fn = programs.shared(   # tx, schedule: functions of config.optim
-      'sft_step', (c.graphdef, programs.config_key(config.optim), programs.tree_key(shardings),
-                   batch_sh, rep),
-      lambda: jax.jit(functools.partial(sft_step.train_step, graphdef=c.graphdef, tx=tx,
-                                        schedule=schedule),
-                      in_shardings=(shardings, batch_sh), out_shardings=(shardings, rep),
-                      donate_argnums=0))
+  step_fn = step_fns.shared_update_step(sft_step.train_step, c.graphdef, config.optim, shardings,
+                                        batch_sh, rep)
   evaluator = evaluation.Evaluator(
       c.graphdef, c.model_cfg, c.tokenizer, components.eval_batch(c, config),
       max_new_tokens=config.sft.answer_len, k=config.eval.k,

@@ -45,6 +45,20 @@ def shared_step_fns(graphdef, algo, optim_cfg, shardings, batch_sh, rep):
   return programs.shared('step_fns', key, build)
 
 
+def shared_update_step(step, graphdef, optim_cfg, shardings, batch_sh, rep, **static):
+  """jit(step(state, batch) -> (state, metrics)) of a supervised loop (SFT, DPO: `step` is its
+  train_step(state, batch, *, graphdef, tx, schedule, **static)), with config.optim's optimizer
+  (optim_cfg), state donated; shared like shared_step_fns (rft_jax/programs.py)."""
+  def build():
+    tx, schedule = train_state.make_optimizer(optim_cfg), train_state.lr_schedule(optim_cfg)
+    return jax.jit(functools.partial(step, graphdef=graphdef, tx=tx, schedule=schedule, **static),
+                   in_shardings=(shardings, batch_sh), out_shardings=(shardings, rep),
+                   donate_argnums=0)
+  key = (step, graphdef, programs.config_key(optim_cfg), tuple(sorted(static.items())),
+         programs.tree_key(shardings), batch_sh, rep)
+  return programs.shared('update_step', key, build)
+
+
 SKIP_KEYS = ('update_skipped', 'critic/update_skipped')
 
 
