@@ -1,6 +1,10 @@
 """Fixtures shared by several test modules (a fixture used by one module stays in it)."""
 import pytest
 
+import xla_flags
+
+xla_flags.use_fast_compile()   # before any test imports JAX: see xla_flags.py
+
 
 @pytest.fixture
 def assets(tmp_path):

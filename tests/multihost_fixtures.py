@@ -6,6 +6,8 @@ import socket
 import subprocess
 import sys
 
+import xla_flags
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -25,7 +27,7 @@ def run_processes(script: str, devices: int, processes: int = 2, timeout: float 
   procs = []
   for i in range(processes):
     process_env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO,
-                       XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
+                       XLA_FLAGS=xla_flags.with_cpu_devices(devices),
                        JAX_COORDINATOR_ADDRESS=f'localhost:{port}',
                        JAX_NUM_PROCESSES=str(processes), JAX_PROCESS_ID=str(i), **env)
     procs.append(subprocess.Popen(

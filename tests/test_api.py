@@ -13,6 +13,7 @@ import pytest
 
 from rft_jax import api, components, evaluation
 from rft_jax.telemetry import sinks
+import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 3
@@ -95,7 +96,7 @@ def test_history_is_the_metrics_file(run, tmp_path_factory):
     done = subprocess.run(
         [sys.executable, '-c', code, run.workdir], capture_output=True, text=True, timeout=300,
         env=dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO,
-                 XLA_FLAGS='--xla_force_host_platform_device_count=6'), check=False)
+                 XLA_FLAGS=xla_flags.with_cpu_devices(6)), check=False)
     assert done.returncode == 0 and done.stdout.split()[-1] == str(STEPS), done.stderr[-2000:]
   finally:
     with open(recorded, 'w') as f:

@@ -8,6 +8,7 @@ import jax  # noqa: F401  (first: importing tools.bench_mesh without JAX would s
 import pytest
 
 from tools import bench_mesh
+import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,7 +37,7 @@ def test_a_mesh_the_runs_microbatches_cannot_split_is_skipped_with_the_runs_mess
       '  config = grpo_arith.get_config("tiny")\n  config.algo.microbatches = 4\n'
       '  return config\n')
   env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS='cpu',
-             XLA_FLAGS='--xla_force_host_platform_device_count=8')
+             XLA_FLAGS=xla_flags.with_cpu_devices(8))
   done = subprocess.run(
       [sys.executable, '-m', 'tools.bench_mesh', '--config', str(recipe), '--meshes', '8x1x1',
        '--repeats', '1'], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -25,6 +25,7 @@ from rft_jax.models import hf_checkpoint as hc
 from rft_jax.models.hf_checkpoint import HFCheckpointError
 from rft_jax.parallel import mesh as meshlib
 from rft_jax.sampling.sampler import SamplingConfig, make_sampler
+from xla_flags import with_cpu_devices
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
@@ -192,8 +193,7 @@ def test_exported_files_follow_the_umask(tmp_path, umask):
 
 
 def test_sharded_load_on_8_devices_equals_single_device(hf_models):
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO,
-             XLA_FLAGS='--xla_force_host_platform_device_count=8')
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO, XLA_FLAGS=with_cpu_devices(8))
   out = subprocess.run([sys.executable, os.path.join(REPO, 'tests', 'hf_sharded_load_check.py'),
                         hf_models['llama_sharded'][1]], cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=300, check=True)

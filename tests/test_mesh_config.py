@@ -17,6 +17,7 @@ from configs import grpo_gsm8k_qwen2
 from rft_jax import api, components, config_rules
 from rft_jax import config as config_lib
 from rft_jax.parallel import mesh as meshlib
+import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,7 +86,7 @@ def test_validate_only_refuses_a_mesh_that_cannot_split_the_batch():
          if k not in ('JAX_COORDINATOR_ADDRESS', 'RFT_DISTRIBUTED', 'JAX_NUM_PROCESSES',
                       'JAX_PROCESS_ID')}
   env.update(JAX_PLATFORMS='cpu', PYTHONPATH=REPO,
-             XLA_FLAGS='--xla_force_host_platform_device_count=8')
+             XLA_FLAGS=xla_flags.with_cpu_devices(8))
   done = subprocess.run([sys.executable, '-c', _VALIDATE, json.dumps([a for a, _ in cases])],
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
                         check=False)

@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+import xla_flags
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow   # four tiny runs, two of them as process pairs: ~2-3 min on 2 cores
 
@@ -32,7 +34,7 @@ def train(workdir, mesh, steps, processes, recipe='configs/grpo_arith.py:tiny', 
   cmd = [sys.executable, '-m', 'rft_jax.main', '--config', recipe,
          '--workdir', workdir, *overrides(mesh, steps), *extra]
   base = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO,
-              XLA_FLAGS=f'--xla_force_host_platform_device_count={8 // processes}')
+              XLA_FLAGS=xla_flags.with_cpu_devices(8 // processes))
   envs = [base]
   if processes > 1:
     with socket.socket() as s:

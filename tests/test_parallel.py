@@ -18,13 +18,11 @@ import pytest
 from multihost_fixtures import run_processes
 from rft_jax.models.llama import ModelConfig
 from rft_jax.parallel import mesh as meshlib
+import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARDED = ('8x1x1', '1x8x1', '2x2x2', '1x4x2', '2x2x2_plain',   # _plain: without jax.set_mesh
            '2x2x2_scan')   # _scan: the step with model.scan_layers and remat 'full'
-# Cheaper CPU code generation: compile time dominates this test, not run time.
-FAST_XLA = ('--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 '
-            '--xla_llvm_disable_expensive_passes=true')
 
 
 @pytest.fixture(scope='module')
@@ -37,7 +35,8 @@ def meshes(tmp_path_factory, worker_id):
   with filelock.FileLock(str(out_dir) + '.lock'):
     if not (out_dir / 'info.json').exists():
       out_dir.mkdir(exist_ok=True)
-      env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO, XLA_FLAGS=FAST_XLA)
+      env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO,
+                 XLA_FLAGS=xla_flags.with_cpu_devices(8))
       out = subprocess.run([sys.executable, os.path.join(REPO, 'tests', 'sharded_step_check.py'),
                             str(out_dir)], cwd=REPO, env=env, capture_output=True, text=True,
                            timeout=600)
@@ -171,7 +170,7 @@ def test_trainer_resharding_for_sampling_reports_its_time_and_trains_the_same(tm
   """python -m rft_jax.main on (1,4,2) with rollout.weights_layout 'no_fsdp' vs 'train': the same
   rewards and losses (fp32 rounding), and time/reshard_s logged (0 when nothing is resharded)."""
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO,
-             XLA_FLAGS='--xla_force_host_platform_device_count=8')
+             XLA_FLAGS=xla_flags.with_cpu_devices(8))
   rows = {}
   for layout in ('train', 'no_fsdp'):
     workdir = str(tmp_path / layout)
