@@ -19,6 +19,7 @@ from rft_jax import config_rules
 from rft_jax import train_prompts
 from rft_jax.models import functional as lm
 from rft_jax.models import hf_checkpoint
+from rft_jax.models.hf_checkpoint import error_reason
 from rft_jax.models.llama import ModelConfig
 from rft_jax.parallel import distributed
 from rft_jax.parallel import mesh as meshlib
@@ -245,7 +246,7 @@ def build(config, data: bool = True, params: bool = True) -> Components:
       raise SetupError(f'config.model.path: {e}') from None
     except (OSError, SafetensorError) as e:   # a truncated or damaged safetensors file
       raise SetupError(f'config.model.path={config.model.path}: cannot read its weights '
-                       f'({_reason(e)})') from None
+                       f'({error_reason(e)})') from None
   else:
     params = jax.device_put(nnx.to_pure_dict(lm.create(model_cfg, config.seed)[1]), shardings)
   skipped: list[str] = []
@@ -270,7 +271,7 @@ def _load_tokenizer(config):
     raise SetupError(f'config.{key}: {e}') from None
   except (OSError, RuntimeError) as e:   # sentencepiece: 'could not parse ModelProto'
     raise SetupError(
-        f'config.{key}={path}: cannot load a tokenizer from it ({_reason(e)})') from None
+        f'config.{key}={path}: cannot load a tokenizer from it ({error_reason(e)})') from None
   _check_checkpoint_tokenizer(config, tokenizer)
   return tokenizer
 
@@ -340,15 +341,9 @@ def _readable(splits, task):
     from rft_jax.data import arith  # pylint: disable=g-import-not-at-top
     root = arith.resolve_data_dir(task.data_dir)
     raise SetupError(f'config.task.data_dir={task.data_dir!r}: the prepared {task.name} dataset '
-                     f'in {root} cannot be read ({_reason(e)}); delete {root}/{task.name} to '
+                     f'in {root} cannot be read ({error_reason(e)}); delete {root}/{task.name} to '
                      'prepare it again') from None
   return splits
-
-
-def _reason(e: BaseException) -> str:
-  """'Type: last line of its message' (where a multi-line message names the cause)."""
-  lines = str(e).strip().splitlines()
-  return f'{type(e).__name__}: {lines[-1]}' if lines else type(e).__name__
 
 
 def eval_batch(c: Components, config) -> dict:

@@ -76,6 +76,13 @@ def weight_map(model_dir: str) -> dict[str, str]:
     return {k: single for k in f.keys()}
 
 
+def error_reason(e: BaseException) -> str:
+  """'Type: last line of its message' (where a multi-line message names the cause); also
+  components' words for a tokenizer or prepared dataset that cannot be read."""
+  lines = str(e).strip().splitlines()
+  return f'{type(e).__name__}: {lines[-1]}' if lines else type(e).__name__
+
+
 def check_readable(model_dir: str) -> None:
   """Opens every safetensors file of `model_dir` (the index's shards, else the single file; the
   headers only): HFCheckpointError naming the first that is missing, truncated or damaged, or
@@ -89,9 +96,7 @@ def check_readable(model_dir: str) -> None:
       with safe_open(file, framework='np') as f:
         held = set(f.keys())
     except Exception as e:  # pylint: disable=broad-except  (OSError or SafetensorError)
-      lines = str(e).strip().splitlines()
-      reason = f'{type(e).__name__}: {lines[-1]}' if lines else type(e).__name__
-      raise HFCheckpointError(f'{file}: cannot read its tensors ({reason})') from None
+      raise HFCheckpointError(f'{file}: cannot read its tensors ({error_reason(e)})') from None
     absent = sorted(name for name, where in placed.items() if where == file and name not in held)
     if absent:
       raise HFCheckpointError(f'{file}: holds no tensor {absent[0]} ({len(absent)} absent), '
