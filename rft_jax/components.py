@@ -212,10 +212,13 @@ def check_setup(config) -> None:
   train_prompts.check(config, tokenizer)   # as build does; GSM8K: train.jsonl parsed too
 
 
-def build(config, data: bool = True, params: bool = True) -> Components:
+def build(config, data: bool = True, params: bool = True,
+          check_prompts: bool = True) -> Components:
   """Mesh, tokenizer, model and its initial params (random, config.init_from, or the HF
   checkpoint at config.model.path, read shard by shard onto the mesh; without `params` only
-  their shapes), data sources (None without `data`: e.g. tools.checkpoint export uses neither)."""
+  their shapes), data sources (None without `data`: e.g. tools.checkpoint export uses neither).
+  With `data` and `check_prompts`, train_prompts.check first; load_policy, which trains nothing,
+  passes False: over-long train prompts neither refuse nor slow loading a policy to sample."""
   try:
     mesh = meshlib.make_mesh(config.mesh)
   except meshlib.MeshError as e:
@@ -230,7 +233,8 @@ def build(config, data: bool = True, params: bool = True) -> Components:
     raise SetupError(f'config.mesh={dict(mesh.shape)} uses {mesh.size} of the '
                      f'{jax.device_count()} devices of {jax.process_count()} processes; with '
                      'several processes data*fsdp*tensor must be the device count (or use -1)')
-  notes = train_prompts.check(config, tokenizer) if data else ()   # before the weights load
+  # Before the weights load: a prompt found too long costs no minutes of loading.
+  notes = train_prompts.check(config, tokenizer) if data and check_prompts else ()
   graphdef, abstract_state = lm.abstract_params(model_cfg)
   shardings = meshlib.param_shardings(abstract_state, mesh)
   if not params:

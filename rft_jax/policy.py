@@ -6,8 +6,9 @@
   evaluate(policy)                             # the trainer's held-out eval, same numbers
   choose_mesh(config)                          # a mesh for the devices found (any recipe)
 
-Everything is built by rft_jax.components.build, exactly as the trainers build it; sampling and
-evaluation use the trainers' jitted sampler and Evaluator. JAX is imported on first use.
+Everything is built by rft_jax.components.build, as the trainers build it but without their check
+of the train prompts' lengths (a policy is sampled here, not trained); sampling and evaluation
+use the trainers' jitted sampler and Evaluator. JAX is imported on first use.
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def load_policy(config, workdir: str | None = None, step: int | None = None) -> 
   if workdir is not None:   # another recipe's or model's run: its params were mixed in silently
     workdir_config.check_workdir_config(config, workdir, advice=(
         'pass the config the run was started with (api.open_run(workdir).policy reads it)'))
-  c = components.build(config)
+  c = components.build(config, check_prompts=False)   # trains nothing: train prompts unchecked
   if workdir is None:
     return Policy(config=config, components=c, params=c.params, step=0)
   from rft_jax.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top

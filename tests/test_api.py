@@ -327,6 +327,26 @@ def test_sample_shapes_and_seeds(run):
     api.sample(run.policy, ['12345+67890='])
 
 
+def test_a_trained_policy_loads_though_a_train_prompt_is_too_long(run):
+  """load_policy ran the trainers' set-up check of every train prompt against
+  task.max_prompt_len: a config that some train prompt outgrows (bad_records='error'; a run of it
+  is refused at set-up) refused to load the trained policy, which samples and trains nothing."""
+  config = tiny(**{'task.max_prompt_len': 6, 'task.bad_records': 'error'})
+  with pytest.raises(api.SetupError, match=r'^arith train split: record id=.* '
+                                           r'config.task.max_prompt_len=6'):
+    api.validate(config)
+  policy = api.load_policy(config, run.workdir)
+  assert policy.step == STEPS
+  trained = run.policy
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(policy.params),
+                                                  jax.tree.leaves(trained.params)))
+  out = api.sample(policy, ['1+2=', '9*8='], n=2, temperature=0.0)
+  assert all(len(group) == 2 and all(re.fullmatch(r'-?\d*', t) for t in group) for group in out)
+  # The held-out prompts are judged on their own: the first is 7 tokens, over this limit.
+  with pytest.raises(api.SetupError, match=r'^test split: .*max_prompt_len=6'):
+    api.evaluate(policy)
+
+
 # --- Meshes ----------------------------------------------------------------------------------
 
 def test_choose_mesh_prefers_data_parallel_then_shards():
