@@ -5,7 +5,7 @@ latest, which may be from after the fault's onset. `rewind(workdir, step)` sets 
 after `step` aside, so the same command (with e.g. a lower --config.optim.lr) resumes exactly
 from `step`. Nothing is deleted: into workdir/checkpoints.rewound/<step>-<unix time>/ go
 
-  <s>/                   each checkpoint after `step`, moved (a later `mv` back undoes it)
+  <s>/                   each checkpoint after `step`, moved
   summary.json           moved: the finished run's summary (the run trains again)
   incidents.md           moved: the report of the steps set aside (rewritten when the run stops)
   metrics.jsonl          copied: the resume drops its records after `step` (jsonl.JsonlSink)
@@ -13,7 +13,9 @@ from `step`. Nothing is deleted: into workdir/checkpoints.rewound/<step>-<unix t
                          (incidents.read_entries)
 
 The workdir's lock (rft_jax/workdir_lock.py) is held while moving: a running run is refused.
+`python -m tools.checkpoint rewind RUN --undo` puts the latest set-aside back (rewind_undo.py).
 """
+import contextlib
 import os
 import shutil
 import time
@@ -36,11 +38,35 @@ def command(workdir: str, step: int) -> str:
   return f'python -m tools.checkpoint rewind {workdir} --step {step}'
 
 
+def undo_command(workdir: str, name: str = '') -> str:
+  """The command line that puts back the latest (or the named) rewind of `workdir`."""
+  return f'python -m tools.checkpoint rewind {workdir} --undo' + (f' {name}' if name else '')
+
+
+def check_run(workdir: str) -> None:
+  """Raises RewindError unless `workdir` is a run directory (its config.json an rft_jax run's)."""
+  if not os.path.isfile(os.path.join(workdir, RUN_CONFIG)) or not is_run_workdir(workdir):
+    raise RewindError(f'{workdir} is not a run directory (no {RUN_CONFIG} of an rft_jax run)')
+
+
+@contextlib.contextmanager
+def locked(workdir: str, then: str):
+  """Holds the lock of run directory `workdir` for the block; RewindError (one line, ending
+  'then <then>') when it does not exist or a running rft_jax process holds the lock."""
+  if not os.path.isdir(workdir):
+    raise RewindError(f'{workdir} is not a run directory (no such directory)')
+  try:
+    with workdir_lock.held(workdir):
+      yield
+  except workdir_lock.WorkdirBusy:
+    raise RewindError(f'{workdir} is in use by a running rft_jax process; stop it (or wait for '
+                      f'it to end), then {then}') from None
+
+
 def check(workdir: str, step: int) -> list[int]:
   """-> the checkpoint steps after `step` (those a rewind sets aside); raises RewindError when
   workdir is not a run directory, or `step` is not one of its checkpoints or is damaged."""
-  if not os.path.isfile(os.path.join(workdir, RUN_CONFIG)) or not is_run_workdir(workdir):
-    raise RewindError(f'{workdir} is not a run directory (no {RUN_CONFIG} of an rft_jax run)')
+  check_run(workdir)
   directory = os.path.join(workdir, 'checkpoints')
   steps = steps_on_disk(directory)
   if step not in steps:
@@ -67,28 +93,23 @@ def rewind(workdir: str, step: int) -> str:
   """Sets aside what is after checkpoint `step` of the run in `workdir` (module doc) -> the one
   line saying what was done and what to run next. Raises RewindError (module doc)."""
   workdir = os.path.abspath(workdir)
-  if not os.path.isdir(workdir):
-    raise RewindError(f'{workdir} is not a run directory (no such directory)')
-  try:
-    with workdir_lock.held(workdir):
-      later = check(workdir, step)
-      if not later:   # a finished run's summary.json: the same command says it is complete
-        finished = os.path.isfile(os.path.join(workdir, 'summary.json'))
-        return (f'checkpoint {step} is already the latest in {workdir}: nothing set aside; '
-                + ('the run finished there (summary.json): raise config.train.steps to train on'
-                   if finished else 'run the same training command to resume from it'))
-      dest = _destination(workdir, step)
-      for name in COPIED:   # before the checkpoints move: a copy cut short loses nothing
-        if os.path.isfile(os.path.join(workdir, name)):
-          shutil.copy2(os.path.join(workdir, name), os.path.join(dest, name))
-      for s in reversed(later):   # newest first: one cut short leaves a run to rewind again
-        os.replace(os.path.join(workdir, 'checkpoints', str(s)), os.path.join(dest, str(s)))
-      for name in MOVED:
-        if os.path.isfile(os.path.join(workdir, name)):
-          os.replace(os.path.join(workdir, name), os.path.join(dest, name))
-  except workdir_lock.WorkdirBusy:
-    raise RewindError(f'{workdir} is in use by a running rft_jax process; stop it (or wait for '
-                      'it to end), then rewind') from None
+  with locked(workdir, then='rewind'):
+    later = check(workdir, step)
+    if not later:   # a finished run's summary.json: the same command says it is complete
+      finished = os.path.isfile(os.path.join(workdir, 'summary.json'))
+      return (f'checkpoint {step} is already the latest in {workdir}: nothing set aside; '
+              + ('the run finished there (summary.json): raise config.train.steps to train on'
+                 if finished else 'run the same training command to resume from it'))
+    dest = _destination(workdir, step)
+    for name in COPIED:   # before the checkpoints move: a copy cut short loses nothing
+      if os.path.isfile(os.path.join(workdir, name)):
+        shutil.copy2(os.path.join(workdir, name), os.path.join(dest, name))
+    for s in reversed(later):   # newest first: one cut short leaves a run to rewind again
+      os.replace(os.path.join(workdir, 'checkpoints', str(s)), os.path.join(dest, str(s)))
+    for name in MOVED:
+      if os.path.isfile(os.path.join(workdir, name)):
+        os.replace(os.path.join(workdir, name), os.path.join(dest, name))
   return (f'rewound {workdir} to checkpoint {step}: checkpoint(s) '
           f'{", ".join(map(str, later))} moved to {dest}; run the same training command '
-          f'(e.g. with a lower --config.optim.lr) to resume from step {step}')
+          f'(e.g. with a lower --config.optim.lr) to resume from step {step}; '
+          f'{undo_command(workdir)} puts them back')

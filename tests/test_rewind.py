@@ -176,3 +176,158 @@ def test_a_halted_run_rewound_as_its_message_says_resumes_before_the_onset(tmp_p
   kept = [x for x in read_jsonl(os.path.join(workdir, 'incidents.jsonl'))
           if x['kind'] == 'incident']
   assert not [x for x in kept if x in halted and x['step'] > step]
+
+
+def tree(path):
+  """{relative path: file bytes, or None for a directory} of everything under `path`."""
+  out = {}
+  for root, dirs, files in os.walk(path):
+    for d in dirs:
+      out[os.path.relpath(os.path.join(root, d), path)] = None
+    for name in files:
+      with open(os.path.join(root, name), 'rb') as f:
+        out[os.path.relpath(os.path.join(root, name), path)] = f.read()
+  return out
+
+
+def set_aside_of(out):
+  """The set-aside directory a rewind's message names."""
+  return re.search(r'moved to (\S+);', out)[1]
+
+
+def test_an_undone_rewind_puts_the_finished_run_back_as_it_was(tmp_path, capsys):
+  """A finished run rewound to step 2, then undone: every file of the run directory is back
+  (checkpoints, summary.json, incidents.md, the logs), and the same command says the run is
+  complete with its own summary, as if the rewind never happened."""
+  workdir = str(tmp_path / 'run')
+  config = tiny_config(**{'train.steps': 4, 'train.ckpt_every': 2, 'train.keep_checkpoints': 5})
+  trainer.run(config, workdir)
+  before = tree(workdir)
+  assert {'checkpoints/2', 'checkpoints/4', 'summary.json', 'metrics.jsonl'} <= set(before)
+  code, out, _ = run_tool(capsys, workdir, '--step', 2)
+  assert code == 0 and f'python -m tools.checkpoint rewind {workdir} --undo' in out
+  code, out, err = run_tool(capsys, workdir, '--undo')
+  assert (code, err) == (0, '') and len(out.splitlines()) == 1
+  assert out.startswith(f'put back the rewind of {workdir} to step 2: checkpoint(s) 4 ')
+  assert 'the run finished at step 4 (summary.json) as before' in out
+  assert tree(workdir) == before   # checkpoints.rewound/ gone too: nothing else was in it
+  with open(os.path.join(workdir, 'summary.json')) as f:
+    summary = json.load(f)
+  assert trainer.run(config, workdir) == summary
+  messages = [m['text'] for m in read_jsonl(os.path.join(workdir, 'metrics.jsonl'),
+                                            kind='message')]
+  assert [m for m in messages if m.startswith('run already complete (4/4 steps)')]
+  code, _, err = run_tool(capsys, workdir, '--undo')   # nothing left to put back
+  assert code == 2 and err == ('error: nothing to put back: no set-aside rewind in '
+                               f'{workdir}/{rewind.REWOUND}\n')
+
+
+def test_an_undo_after_the_run_went_on_is_refused_and_says_how_to_go_back(tmp_path, capsys):
+  """Checkpoint 4 written since the rewind to 2: putting 4 and 6 back would mix two histories.
+  Nothing moves; the two commands the refusal names bring the set-aside run back."""
+  workdir = fake_run(tmp_path / 'run')
+  (tmp_path / 'run' / 'checkpoints' / '4' / 'state' / 'old').write_text('first history')
+  code, out, _ = run_tool(capsys, workdir, '--step', 2)
+  name = os.path.basename(set_aside_of(out))
+  os.makedirs(os.path.join(workdir, 'checkpoints', '4', 'state'))   # the resumed run's
+  before = tree(workdir)
+  code, out, err = run_tool(capsys, workdir, '--undo')
+  assert code == 2 and out == '' and len(err.splitlines()) == 1
+  assert err.startswith(f'error: {workdir} went on after its rewind to step 2: checkpoint(s) 4 '
+                        'were written since')
+  assert tree(workdir) == before
+  found = re.findall(r'python -m tools\.checkpoint rewind (\S+) (--step \d+|--undo \S+)', err)
+  assert found == [(workdir, '--step 2'), (workdir, f'--undo {name}')]
+  for _, args in found:
+    code, _, _ = run_tool(capsys, workdir, *args.split())
+    assert code == 0
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['2', '4', '6']
+  assert os.listdir(os.path.join(workdir, 'checkpoints', '4', 'state')) == ['old']
+  [second] = os.listdir(os.path.join(workdir, rewind.REWOUND))   # the new history, kept
+  assert os.listdir(os.path.join(workdir, rewind.REWOUND, second)) == ['4']
+
+
+def test_undo_puts_rewinds_back_latest_first(tmp_path, capsys):
+  """Rewound to 4, then to 2: the undo puts back 4 (the later rewind), the next one 6; the
+  earlier one alone first is refused (its checkpoint 4 is set aside by the later one)."""
+  workdir = fake_run(tmp_path / 'run')
+  _, out, _ = run_tool(capsys, workdir, '--step', 4)
+  first = os.path.basename(set_aside_of(out))
+  run_tool(capsys, workdir, '--step', 2)
+  code, _, err = run_tool(capsys, workdir, '--undo', first)
+  assert code == 2 and 'checkpoint 4, from which' in err and 'is not in' in err
+  assert '--undo)' in err and len(err.splitlines()) == 1
+  code, _, err = run_tool(capsys, workdir, '--undo', 'no-such')
+  assert code == 2 and err.startswith('error: no set-aside rewind no-such in ')
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['2']
+  code, out, _ = run_tool(capsys, workdir, '--undo')
+  assert code == 0 and 'to step 2: checkpoint(s) 4 ' in out
+  assert 'resume from step 4' in out
+  code, out, _ = run_tool(capsys, workdir, '--undo')
+  assert code == 0 and 'to step 4: checkpoint(s) 6 ' in out
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['2', '4', '6']
+  assert not os.path.exists(os.path.join(workdir, rewind.REWOUND))
+
+
+def test_undo_moves_the_files_a_resume_wrote_since_aside(tmp_path, capsys):
+  """A resume that wrote no checkpoint after step 2 (it stopped first) appended to the logs and
+  wrote incidents.md: the undo restores the logs from their copies and moves those files to
+  <set-aside>.replaced/, deleting nothing."""
+  workdir = fake_run(tmp_path / 'run')
+  (tmp_path / 'run' / 'metrics.jsonl').write_text('{"kind": "train", "step": 6}\n')
+  _, out, _ = run_tool(capsys, workdir, '--step', 2)
+  kept = set_aside_of(out)
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'a') as f:
+    f.write('{"kind": "train", "step": 3}\n')
+  (tmp_path / 'run' / 'incidents.md').write_text('the resumed run stopped')
+  code, out, _ = run_tool(capsys, workdir, '--undo')
+  assert code == 0 and out.rstrip().endswith(
+      f'incidents.md, metrics.jsonl written since the rewind moved to {kept}.replaced')
+  assert (tmp_path / 'run' / 'metrics.jsonl').read_text() == '{"kind": "train", "step": 6}\n'
+  assert not os.path.exists(os.path.join(workdir, 'incidents.md'))   # the rewind's run had none
+  assert tree(kept + '.replaced') == {
+      'metrics.jsonl': b'{"kind": "train", "step": 6}\n{"kind": "train", "step": 3}\n',
+      'incidents.md': b'the resumed run stopped'}
+
+
+def test_an_undo_of_a_run_in_use_is_refused(tmp_path, capsys):
+  workdir = fake_run(tmp_path / 'run')
+  run_tool(capsys, workdir, '--step', 2)
+  with workdir_lock.held(workdir):   # as a training process holds it
+    code, _, err = run_tool(capsys, workdir, '--undo')
+  assert code == 2 and err.startswith(f'error: {workdir} is in use by a running rft_jax ')
+  assert err.endswith('then undo the rewind\n') and len(err.splitlines()) == 1
+  assert os.listdir(os.path.join(workdir, 'checkpoints')) == ['2']
+
+
+@pytest.mark.parametrize('harm, says', [
+    ('manifest', 'is damaged: checkpoint 6 (missing file state/x); nothing put back'),
+    ('stray', 'is damaged: notes.txt is nothing a rewind to step 2 sets aside'),
+    ('summary', 'summary.json: not valid JSON'),
+    ('no checkpoint', 'is incomplete: no checkpoint after step 2 in it'),
+    ('no log copy', 'is incomplete: no copy of metrics.jsonl (the run has one')])
+def test_an_undo_of_a_damaged_set_aside_is_refused(harm, says, tmp_path, capsys):
+  workdir = fake_run(tmp_path / 'run')
+  (tmp_path / 'run' / 'metrics.jsonl').write_text('')
+  (tmp_path / 'run' / 'summary.json').write_text('{"steps": 6}')
+  _, out, _ = run_tool(capsys, workdir, '--step', 2)
+  kept = set_aside_of(out)
+  if harm == 'manifest':
+    with open(os.path.join(kept, '6', 'rft_manifest.json'), 'w') as f:
+      json.dump({'step': 6, 'files': {'state/x': [3, 0]}}, f)
+  elif harm == 'stray':
+    with open(os.path.join(kept, 'notes.txt'), 'w') as f:
+      f.write('mine')
+  elif harm == 'summary':
+    with open(os.path.join(kept, 'summary.json'), 'w') as f:
+      f.write('{"steps": ')
+  elif harm == 'no checkpoint':
+    os.rename(os.path.join(kept, '4'), str(tmp_path / '4'))
+    os.rename(os.path.join(kept, '6'), str(tmp_path / '6'))
+  else:
+    os.remove(os.path.join(kept, 'metrics.jsonl'))
+  before = tree(workdir)
+  code, out, err = run_tool(capsys, workdir, '--undo')
+  assert code == 2 and out == '' and len(err.splitlines()) == 1
+  assert err.startswith(f'error: {kept} ') and says in err, err
+  assert tree(workdir) == before

@@ -25,6 +25,12 @@
       training command resumes exactly from step N, e.g. with a lower --config.optim.lr after a
       halt. Refused (exit 2) when N is not a checkpoint of RUN, RUN is not a run directory, or
       a run is using it.
+  python -m tools.checkpoint rewind RUN --undo [NAME]
+      Puts the latest rewind of RUN (or RUN/checkpoints.rewound/NAME) back as it was: its
+      checkpoints, summary.json and incidents.md, and the logs from their copies
+      (rft_jax/rewind_undo.py). Refused (exit 2), nothing moved, when RUN has checkpoints after
+      the step since (the run went on), nothing is set aside, a run is using RUN, or the
+      set-aside is damaged or incomplete.
 
 Exit status, as rft_jax.main's: 2 bad input (a bad argument, config or --out, a run directory
 without that checkpoint or in use, a HF dir rft_jax does not load), one line naming it; 1 a
@@ -282,10 +288,11 @@ def convert(args) -> None:
         f'use init_from={json.dumps(args.out)} with model.path={json.dumps(args.hf_dir)}')
 
 
-def rewind(run: str, step: int) -> None:
-  from rft_jax import rewind as rewind_lib  # pylint: disable=g-import-not-at-top
+def rewind(run: str, step: int | None, undo: str | None) -> None:
+  """--step N: rewind.rewind; --undo [NAME]: rewind_undo.undo (NAME '': the latest)."""
+  from rft_jax import rewind as rewind_lib, rewind_undo  # pylint: disable=g-import-not-at-top
   try:
-    print(rewind_lib.rewind(run, step))
+    print(rewind_lib.rewind(run, step) if undo is None else rewind_undo.undo(run, undo))
   except rewind_lib.RewindError as e:
     raise usage_exit(str(e)) from None
 
@@ -310,7 +317,10 @@ def main(argv=None):
   p.add_argument('--out', required=True, type=path)
   p = sub.add_parser('rewind')
   p.add_argument('run', type=path)
-  p.add_argument('--step', type=int, required=True)
+  which = p.add_mutually_exclusive_group(required=True)
+  which.add_argument('--step', type=int)
+  which.add_argument('--undo', nargs='?', const='', metavar='NAME',
+                     help='put back the latest rewind (or checkpoints.rewound/NAME)')
   from tools import export_base  # pylint: disable=g-import-not-at-top
   args, overrides = export_base.parse_with_overrides(ap, argv)
   if overrides and args.command != 'export':
@@ -321,7 +331,7 @@ def main(argv=None):
     if args.command == 'inspect':
       inspect(args.dir)
     elif args.command == 'rewind':
-      rewind(args.run, args.step)
+      rewind(args.run, args.step, args.undo)
     else:
       (export if args.command == 'export' else convert)(args)
   except HFCheckpointError as e:   # export's model.path, convert's HF_DIR: not one rft_jax loads
