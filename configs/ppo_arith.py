@@ -10,6 +10,8 @@ Everything but the algorithm section is configs/grpo_arith.py (same data, model,
 (`--config.algo.critic=separate` trains a second copy of the base model as the critic instead,
 at about twice the forward/backward cost). Critic metrics use verl's names: critic/vf_loss,
 critic/vf_clipfrac, critic/vf_explained_var, critic/values/mean, critic/returns/mean.
+`--config.algo.advantage=grpo` (or any other critic-free advantage) runs the same settings
+without a critic: the PPO keys below keep their values, unused (rft_jax/config_rules.py).
 """
 from configs import grpo_arith
 

@@ -157,8 +157,8 @@ def batch_splits(config) -> list[tuple[str, int, tuple[tuple[str, int], ...]]]:
   algo, key = config.algo, 'rollout.prompts_per_step*group_size'
   rows = config.rollout.prompts_per_step * config.rollout.group_size
   factors = (('algo.microbatches', int(algo.get('microbatches', 1))),)
-  if 'minibatches' in algo:   # PPO
-    factors += (('algo.minibatches', int(algo.minibatches)),)
+  if config_lib.ppo_minibatches(algo) > 1:   # PPO
+    factors += (('algo.minibatches', config_lib.ppo_minibatches(algo)),)
   splits = [(key, rows, factors)]
   if algo.get('score_chunks', 0):
     splits.append((key, rows, (('algo.score_chunks', int(algo.score_chunks)),)))

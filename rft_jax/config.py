@@ -30,7 +30,7 @@ from rft_jax.config_schema import (  # noqa: F401  (re-exported: callers use con
     CRITIC_ADVANTAGES, DPO_LOSS_TYPES, DPO_PAIR_SOURCES, GROUP_FREE_ADVANTAGES, MONITOR_MODES,
     NAME_TO_FLOAT, OPTIONAL_KEYS, OPTIONAL_SECTIONS, RL_SECTIONS, SCHEMA, SFT_SECTIONS,
     DPO_SECTIONS, ConfigError, did_you_mean, has_key, key_hint, lookup, optional_value,
-    plain_value, type_name)
+    plain_value, ppo_minibatches, type_name)
 from rft_jax.monitor import knobs as monitor_knobs
 
 

@@ -13,7 +13,8 @@ import ml_collections
 from rft_jax.config_schema import (
     CRITIC_ADVANTAGES, CRITIC_MODES, DPO_LOSS_TYPES, DPO_MODES, DPO_OFFLINE_KEYS,
     DPO_PAIR_SOURCES, DTYPES, DUAL_CLIP_LOSSES, DYNAMIC_SAMPLING_METRICS, GROUP_FREE_ADVANTAGES,
-    KL_CTRLS, KL_ESTIMATORS, OVERLONG_MODES, SCHEMA, ConfigError, did_you_mean, lookup)
+    KL_CTRLS, KL_ESTIMATORS, OVERLONG_MODES, PPO_KEYS, SCHEMA, ConfigError, did_you_mean, lookup,
+    ppo_minibatches)
 from rft_jax.hf_hub import snapshot_hint
 
 
@@ -178,7 +179,7 @@ def check_mesh(config: ml_collections.ConfigDict) -> None:
 def _check_algo(config: ml_collections.ConfigDict) -> None:
   """Algorithm choices that do not fit together (no JAX import: names are checked later)."""
   rollout, algo = config.rollout, config.algo
-  _check_critic(algo)
+  _check_critic(config)
   group_free = GROUP_FREE_ADVANTAGES + CRITIC_ADVANTAGES   # a critic needs no group baseline
   if rollout.group_size < 2 and algo.advantage not in group_free:
     reason = 'GRPO needs at least 2 completions per prompt'
@@ -203,22 +204,25 @@ def moves_temperature(config: ml_collections.ConfigDict) -> bool:
   return any(hasattr(f, 'get') and f.get('type') in moving for f in config.get('faults', ()))
 
 
-def _check_critic(algo: ml_collections.ConfigDict) -> None:
-  """PPO (a critic-based advantage) needs a critic; the critic's keys need PPO; adaptive KL
-  needs a coefficient to adapt, and so does the KL in the reward."""
+def _check_critic(config: ml_collections.ConfigDict) -> None:
+  """PPO (a critic-based advantage) needs a critic. Any other advantage reads no PPO_KEYS: they
+  may keep the recipe's values, unused (a PPO recipe switched by --config.algo.advantage alone),
+  and critic may be 'none'; one changed from the recipe's (config_unused.changed_from_recipe) is
+  refused. Adaptive KL needs a coefficient to adapt, and so does the KL in the reward."""
+  from rft_jax import config_unused  # pylint: disable=g-import-not-at-top  (it imports this)
+  algo = config.algo
   critic, ppo = algo.get('critic', 'none'), algo.advantage in CRITIC_ADVANTAGES
   if ppo and critic == 'none':
     raise ConfigError('algo.critic', f'algo.advantage={algo.advantage!r} (PPO) needs a value '
                       "model: set 'shared' (a value head on the policy backbone) or 'separate' "
                       '(a second model)', critic)
-  if not ppo:
-    if critic != 'none':
-      raise ConfigError('algo.critic', f'a critic is only used by algo.advantage in '
-                        f'{CRITIC_ADVANTAGES} (PPO), not {algo.advantage!r}; remove it', critic)
-    for key in ('gamma', 'lam', 'vf_coef', 'vf_clip', 'critic_lr', 'minibatches', 'adv_whiten'):
-      if key in algo:
-        raise ConfigError(f'algo.{key}', "a PPO setting: it needs algo.advantage='gae' and a "
-                          'critic; remove it', algo[key])
+  keys = () if ppo else [f'algo.{k}' for k in PPO_KEYS if k != 'critic' or critic != 'none']
+  for key in config_unused.changed_from_recipe(config, keys)[:1]:   # the first, in PPO_KEYS order
+    why, fix = ((f'a critic is only used by algo.advantage in {CRITIC_ADVANTAGES} (PPO)', "set "
+                 "'none'") if key == 'algo.critic' else
+                ("a PPO setting: it needs algo.advantage='gae' and a critic", 'remove it'))
+    raise ConfigError(key, f"{why}, not {algo.advantage!r}; {fix} (the recipe's own value is "
+                      'allowed, unused)', lookup(config, key))
   if algo.get('kl_in_reward', False) and not algo.kl_coef:
     raise ConfigError('algo.kl_in_reward', 'puts algo.kl_coef * KL in the reward, and '
                       'algo.kl_coef is 0, so there is no KL term at all: set algo.kl_coef > 0 '
@@ -237,7 +241,7 @@ def check_rollout(config: ml_collections.ConfigDict) -> None:
         'algo.microbatches',
         f'must divide the rollout batch rollout.prompts_per_step * rollout.group_size = '
         f'{rollout.prompts_per_step} * {rollout.group_size} = {batch}', algo.microbatches)
-  minibatches = algo.get('minibatches', 1)
+  minibatches = ppo_minibatches(algo)
   if batch % (minibatches * algo.microbatches):
     raise ConfigError(
         'algo.minibatches', f'algo.minibatches * algo.microbatches = {minibatches} * '

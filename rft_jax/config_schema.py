@@ -158,6 +158,18 @@ KL_CTRLS = ('fixed', 'adaptive')   # as rft_jax/algorithms/kl_control.KL_CTRLS
 # rewards): rft_jax/algorithms/ppo.py CRITIC_ADVANTAGES; and the critic layouts (critic.py).
 CRITIC_ADVANTAGES = ('gae',)
 CRITIC_MODES = ('none', 'shared', 'separate')
+# The keys only PPO reads (ppo.PPOConfig's own fields): with any other advantage a recipe's
+# values are unused (config_rules._check_critic refuses changed ones).
+PPO_KEYS = ('critic', 'gamma', 'lam', 'vf_coef', 'vf_clip', 'critic_lr', 'minibatches',
+            'adv_whiten')
+
+
+def ppo_minibatches(algo) -> int:
+  """Optimiser updates per epoch: algo.minibatches for a critic advantage (PPO), else 1 (the
+  GRPO family makes one, whatever a PPO recipe switched to another advantage still holds)."""
+  if algo.get('advantage') not in CRITIC_ADVANTAGES:
+    return 1
+  return int(algo.get('minibatches', 1))
 
 
 _NO_VALUE = object()

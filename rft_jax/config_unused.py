@@ -122,6 +122,16 @@ def _value(config, key: str, default: Any = None) -> Any:
   return part.get(name, default) if part is not None else default
 
 
+def changed_from_recipe(config: ml_collections.ConfigDict, keys) -> list[str]:
+  """The keys ('section.name') that config holds with a value other than its recipe's, in the
+  order given: one the recipe lacks counts as changed, and so does every held key of a config
+  without a readable recipe file (recipe_config). The recipe is loaded only if a key is held."""
+  missing = object()
+  held = [key for key in keys if _value(config, key, missing) is not missing]
+  recipe = recipe_config(config) if held else None
+  return [key for key in held if _value(recipe, key, missing) != _value(config, key)]
+
+
 def unused_warnings(config: ml_collections.ConfigDict) -> list[str]:
   """One 'warning: config.<key>=<value> is not used: ...' line for each CONDITIONAL key that is
   set, differs from the recipe's value (or the default), and is not read under the config's

@@ -32,7 +32,7 @@ def memory_sizes(config) -> dict:
   rows = config.rollout.prompts_per_step * config.rollout.group_size
   return dict(rows=rows, seq_len=prompt_len + config.rollout.max_new_tokens,
               microbatches=int(algo.get('microbatches', 1)), sample_rows=rows,
-              critic=memory.run_critic(config), minibatches=int(algo.get('minibatches', 1)),
+              critic=memory.run_critic(config), minibatches=config_lib.ppo_minibatches(algo),
               sampling_layout=config.rollout.get('weights_layout', 'train'),
               reset_references=memory.run_reset_references(config))
 

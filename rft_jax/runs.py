@@ -151,7 +151,7 @@ def updates_per_step(config) -> int:
   epochs of algo.minibatches updates (PPO; GRPO-family: one per epoch); SFT and DPO: 1."""
   if 'sft' in config or 'dpo' in config or 'algo' not in config:
     return 1
-  return int(config.algo.get('updates_per_batch', 1)) * int(config.algo.get('minibatches', 1))
+  return int(config.algo.get('updates_per_batch', 1)) * config_lib.ppo_minibatches(config.algo)
 
 
 def make_summary(config, base_eval: dict, final_eval: dict, steps: int, wall_s: float) -> dict:

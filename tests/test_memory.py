@@ -299,7 +299,7 @@ def test_ppo_recipe_counts_its_critic(monkeypatch):
     assert memory.estimate_run(config, c.model_cfg, (1, 1, 1)).peak == peak[mode]
   assert peak['separate'] - peak['shared'] == 4 * 3159552 + 5462016
   config.algo.critic, config.algo.advantage = 'none', 'grpo'   # the GRPO recipe, no critic
-  none = memory.estimate_run(config, c.model_cfg, (1, 1, 1))
+  none = memory.estimate_run(config, c.model_cfg, (1, 1, 1), minibatches=2)   # as PPO's rows
   assert peak['shared'] - none.peak == 1548 + 516 + 1664
   # A device whose 90% holds the shared critic's run but not the separate one's refuses it.
   monkeypatch.setattr(memory, 'device_memory_bytes', lambda device=None: int(peak['shared'] / .9))

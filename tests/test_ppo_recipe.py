@@ -37,7 +37,7 @@ def test_recipe_validates_and_changes_only_the_algo_section(assets):
     ({'algo.critic': 'twin'}, "config.algo.critic='twin': must be one of 'none', 'shared', "
      "'separate'"),
     ({'algo.advantage': 'grpo'}, "config.algo.critic='shared': a critic is only used by "
-     "algo.advantage in ('gae',) (PPO), not 'grpo'; remove it"),
+     "algo.advantage in ('gae',) (PPO), not 'grpo'; set 'none'"),   # no recipe file to match
     ({'algo.lam': 1.5}, 'config.algo.lam=1.5: must be in [0, 1]'),
     ({'algo.vf_clip': -0.1}, 'config.algo.vf_clip=-0.1: must be >= 0'),
     ({'algo.minibatches': 3}, 'config.algo.minibatches=3: algo.minibatches * '
@@ -59,6 +59,66 @@ def test_ppo_keys_without_gae_are_rejected(assets):
   config.algo.gamma = 0.99
   with pytest.raises(config_lib.ConfigError, match=r"^config.algo.gamma=0.99: a PPO setting"):
     config_lib.validate(config)
+
+
+def test_ppo_keys_are_the_ppo_configs_own_fields():
+  """config_schema.PPO_KEYS (what a critic-free advantage leaves unused) = PPOConfig's fields
+  beyond the GRPO family's."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from rft_jax import config_schema  # pylint: disable=g-import-not-at-top
+  from rft_jax.algorithms import grpo  # pylint: disable=g-import-not-at-top
+  own = ({f.name for f in dataclasses.fields(ppo.PPOConfig)}
+         - {f.name for f in dataclasses.fields(grpo.GRPOConfig)})
+  assert set(config_schema.PPO_KEYS) == own
+
+
+@pytest.mark.parametrize('overrides', [
+    {'algo.advantage': 'grpo'},
+    {'algo.advantage': 'reinforce_pp', 'algo.critic': 'none'},
+    {'algo.advantage': 'rloo', 'rollout.prompts_per_step': 1, 'rollout.group_size': 3},
+], ids=['grpo', 'reinforce_pp_critic_none', 'rows_the_recipe_minibatches_do_not_divide'])
+def test_ppo_recipe_switches_to_a_critic_free_advantage_by_flags(overrides, capsys):
+  """The PPO recipe's own PPO keys (critic 'shared', gamma, vf_coef, minibatches=2, ...) are
+  unused under a critic-free advantage, not errors (they were, and a dotted key cannot be
+  removed from the command line): --validate_only passes, the trainer builds no critic, and
+  nothing counts the recipe's minibatches (one update per epoch)."""
+  # pylint: disable-next=g-import-not-at-top
+  from rft_jax import api, components, config_unused, main, runs
+  from rft_jax.models.llama import ModelConfig  # pylint: disable=g-import-not-at-top
+  from rft_jax.parallel import memory  # pylint: disable=g-import-not-at-top
+  from rft_jax.telemetry import flops  # pylint: disable=g-import-not-at-top
+  flags = [f'--config.{key}={value}' for key, value in overrides.items()]
+  rc = main.main(['main', '--config', 'ppo_arith:tiny', *flags, '--validate_only'])
+  assert rc == 0, capsys.readouterr().err
+  config = api.load_config('ppo_arith:tiny', overrides)
+  assert config.algo.minibatches == 2 and not ppo.is_ppo(ppo.algo_config(config))
+  assert runs.updates_per_step(config) == config.algo.updates_per_batch == 2
+  assert [k for _, _, factors in components.batch_splits(config) for k, _ in factors] == [
+      'algo.microbatches']
+  assert config_unused.unused_warnings(config) == []   # the recipe's values: none the user set
+  model = ModelConfig.from_dict(dict(config.model))
+  assert memory.estimate_run(config, model, (1, 1, 1)) == memory.estimate_run(
+      config, model, (1, 1, 1), minibatches=1)
+  config.algo.critic = 'separate'   # as a recipe of one's own with a separate critic would hold
+  assert memory.run_critic(config) == 'none'
+  assert flops.step_flops_from_config(config, gen_len_mean=4.0)['critic'] == 0
+
+
+@pytest.mark.parametrize('flag,message', [
+    ('algo.critic=separate', "config.algo.critic='separate': a critic is only used by "
+     "algo.advantage in ('gae',) (PPO), not 'grpo'; set 'none'"),
+    ('algo.gamma=0.9', "config.algo.gamma=0.9: a PPO setting: it needs algo.advantage='gae' and "
+     "a critic, not 'grpo'; remove it"),
+    ('algo.minibatches=1', 'config.algo.minibatches=1: a PPO setting'),
+], ids=['critic', 'gamma', 'minibatches'])
+def test_ppo_key_changed_with_a_critic_free_advantage_is_refused(flag, message, capsys):
+  """A PPO key the user changes while selecting a critic-free advantage has no effect: one line
+  naming it, exit 2, at --validate_only too."""
+  from rft_jax import main  # pylint: disable=g-import-not-at-top
+  rc = main.main(['main', '--config', 'ppo_arith:tiny', '--config.algo.advantage=grpo',
+                  f'--config.{flag}', '--validate_only'])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and err.startswith(f'error: {message}') and '\n' not in err
 
 
 # ----------------------------------------------------------------------------
@@ -105,6 +165,24 @@ def test_tiny_run_resumes_exactly_with_its_critic(tmp_path):
                        ('actor/ppo_kl', 'ppo_kl')):
     assert full[3][name] == full[3][metric]           # verl aliases
   check_documented(full[3])
+
+
+def test_ppo_recipe_trains_two_steps_with_a_group_advantage_from_flags(tmp_path, capsys):
+  """`--config.algo.advantage=grpo` alone on the PPO recipe trains a critic-free run: no critic
+  metrics, one update per epoch (summary.json's optim_updates = steps * updates_per_batch)."""
+  import json  # pylint: disable=g-import-not-at-top
+  from rft_jax import main  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / 'run')
+  rc = main.main(['main', '--config', 'ppo_arith:tiny', '--config.algo.advantage=grpo',
+                  '--config.train.steps=2', '--config.rewards.num_workers=0',
+                  '--config.telemetry.console=False', '--config.telemetry.tensorboard=False',
+                  '--workdir', workdir])
+  assert rc == 0, capsys.readouterr().err
+  rows = _rows(workdir)
+  assert sorted(rows) == [1, 2] and 'reward/mean' in rows[2]
+  assert not {'critic/vf_loss', 'critic/values/mean', 'critic/grad_norm'} & set(rows[2])
+  with open(os.path.join(workdir, 'summary.json'), encoding='utf-8') as f:
+    assert json.load(f)['optim_updates'] == 2 * 2
 
 
 def check_documented(row: dict) -> None:

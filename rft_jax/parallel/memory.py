@@ -84,7 +84,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rft_jax.config_schema import CRITIC_ADVANTAGES
+from rft_jax.config_schema import CRITIC_ADVANTAGES, ppo_minibatches
 from rft_jax.models import functional as lm
 from rft_jax.models.llama import ModelConfig
 from rft_jax.parallel.rules import LOGICAL_RULES, MESH_AXES
@@ -264,14 +264,14 @@ def estimate_run(config, model_cfg: ModelConfig, mesh, *, microbatches: int = 1,
                  minibatches: int | None = None) -> MemoryEstimate:
   """estimate() with the recipe's sizes: rows = rollout.prompts_per_step * rollout.group_size,
   seq_len = task.max_prompt_len + rollout.max_new_tokens; critic: default run_critic(config);
-  minibatches: default algo.minibatches (PPO; else 1); reset_references:
+  minibatches: default ppo_minibatches (algo.minibatches with PPO, else 1); reset_references:
   run_reset_references(config)."""
   rows = config.rollout.prompts_per_step * config.rollout.group_size
   seq_len = config.task.max_prompt_len + config.rollout.max_new_tokens
   return estimate(model_cfg, mesh, rows=rows, seq_len=seq_len, microbatches=microbatches,
                   sampling_layout=config.rollout.get('weights_layout', 'train'),
                   critic=run_critic(config) if critic is None else critic,
-                  minibatches=(int(_algo(config).get('minibatches', 1)) if minibatches is None
+                  minibatches=(ppo_minibatches(_algo(config)) if minibatches is None
                                else minibatches),
                   reset_references=run_reset_references(config))
 
