@@ -72,46 +72,27 @@ def load_policy(config, workdir: str | None = None, step: int | None = None) -> 
   if workdir is not None:   # another recipe's or model's run: its params were mixed in silently
     workdir_config.check_workdir_config(config, workdir, advice=(
         'pass the config the run was started with (api.open_run(workdir).policy reads it)'))
-  c = components.build(config, check_prompts=False)   # trains nothing: train prompts unchecked
+  # trains nothing: train prompts unchecked; with workdir the initial weights go unread
+  c = components.build(config, params=workdir is None, check_prompts=False)
   if workdir is None:
     return Policy(config=config, components=c, params=c.params, step=0)
   from rft_jax.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
   directory = os.path.join(workdir, 'checkpoints')
   if not os.path.isdir(directory):
     raise FileNotFoundError(f'{workdir}: no checkpoints directory (not a run directory?)')
-  ckpt = Checkpointer(directory, keep=0)
-  try:
+  with Checkpointer(directory, keep=0) as ckpt:
     steps = ckpt.all_steps()
-  finally:
-    ckpt.close()
-  if step is None and not steps:
-    raise FileNotFoundError(f'{directory}: no complete checkpoint')
-  step = steps[-1] if step is None else step
-  if step not in steps:
-    raise FileNotFoundError(f'{directory}: no checkpoint of step {step} (have {steps})')
-  params = _restore_params(os.path.join(directory, str(step), 'state'), c.params,
-                           c.param_shardings)
+    if step is None and not steps:
+      raise FileNotFoundError(f'{directory}: no complete checkpoint')
+    step = steps[-1] if step is None else step
+    if step not in steps:
+      raise FileNotFoundError(f'{directory}: no checkpoint of step {step} (have {steps})')
+    try:   # its params alone (no optimizer state); ValueError: a run of another model
+      params = ckpt.restore_params(step, c.params, c.param_shardings)
+    except ValueError as e:
+      raise components.SetupError(
+          f'{directory}/{step}/state: {str(e).splitlines()[0]}') from None
   return Policy(config=config, components=c, params=params, step=step)
-
-
-def _restore_params(state_dir: str, like, shardings):
-  """Reads only `params` of a saved TrainState (not the optimizer state) onto `shardings`;
-  SetupError when the checkpoint lacks one of them."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  item = {'params': jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), like, shardings)}
-  args = ocp.args.PyTreeRestore(item=item, partial_restore=True,
-                                restore_args=ocp.checkpoint_utils.construct_restore_args(item))
-  with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
-    params = ckptr.restore(os.path.abspath(state_dir), args=args)['params']
-  from rft_jax.checkpoint import missing_leaves  # pylint: disable=g-import-not-at-top
-  missing = missing_leaves(params)
-  if missing:   # partial_restore leaves what the checkpoint lacks as the ShapeDtypeStruct asked
-    from rft_jax.components import SetupError  # pylint: disable=g-import-not-at-top
-    raise SetupError(f'{state_dir}: no param {missing[0]} ({len(missing)} missing): a checkpoint '
-                     'of another model than this config builds')
-  return params
 
 
 def completion_len(config) -> int:

@@ -169,8 +169,8 @@ def test_load_policy_refuses_a_run_of_another_model(llama_run, tmp_path):
   unrecorded = str(tmp_path / 'run')   # no config.json (an older run): the params are checked
   shutil.copytree(workdir, unrecorded)
   os.remove(os.path.join(unrecorded, 'config.json'))
-  with pytest.raises(components.SetupError, match=r'/checkpoints/1/state: no param layers.0.'
-                     r'self_attn.\w_proj.bias \(6 missing\): a checkpoint of another model'):
+  with pytest.raises(components.SetupError, match=r'/checkpoints/1/state: its params arrays '
+                     r'have other shapes than this config builds'):
     api.load_policy(qwen_like, unrecorded)
   config = api.load_config('grpo_arith:tiny', {
       **{f'model.{k}': v for k, v in FIELDS.items()}, 'model.path': llama_run[0],
