@@ -79,9 +79,8 @@ def check(workdir: str, step: int) -> list[int]:
   return [s for s in steps if s > step]
 
 
-def _destination(workdir: str, step: int) -> str:
-  """A new directory checkpoints.rewound/<step>-<unix time>[-k] of workdir (created)."""
-  base = os.path.join(workdir, REWOUND, f'{step}-{int(time.time())}')
+def new_directory(base: str) -> str:
+  """Creates the first of base, base-1, base-2, ... that does not exist -> its path."""
   dest, k = base, 1
   while os.path.lexists(dest):
     dest, k = f'{base}-{k}', k + 1
@@ -100,7 +99,7 @@ def rewind(workdir: str, step: int) -> str:
       return (f'checkpoint {step} is already the latest in {workdir}: nothing set aside; '
               + ('the run finished there (summary.json): raise config.train.steps to train on'
                  if finished else 'run the same training command to resume from it'))
-    dest = _destination(workdir, step)
+    dest = new_directory(os.path.join(workdir, REWOUND, f'{step}-{int(time.time())}'))
     for name in COPIED:   # before the checkpoints move: a copy cut short loses nothing
       if os.path.isfile(os.path.join(workdir, name)):
         shutil.copy2(os.path.join(workdir, name), os.path.join(dest, name))

@@ -24,7 +24,7 @@ import re
 from rft_jax import jsonfile
 from rft_jax.checkpoint_manifest import steps_on_disk, verify
 from rft_jax.rewind import (COPIED, MOVED, REWOUND, RewindError, check_run, command, locked,
-                            undo_command)
+                            new_directory, undo_command)
 
 _NAME = re.compile(r'(\d+)-(\d+)(?:-(\d+))?')   # <step>-<unix time>[-k], as rewind names it
 
@@ -123,10 +123,7 @@ def written_since(workdir: str, kept: str) -> list[str]:
 
 def _move_aside(workdir: str, kept: str, names: list[str]) -> str:
   """Moves `names` of workdir into a new directory <kept>.replaced[-k] -> that directory."""
-  dest, k = f'{kept}.replaced', 1
-  while os.path.lexists(dest):
-    dest, k = f'{kept}.replaced-{k}', k + 1
-  os.makedirs(dest)
+  dest = new_directory(f'{kept}.replaced')
   for name in names:
     os.replace(os.path.join(workdir, name), os.path.join(dest, name))
   return dest
