@@ -84,7 +84,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rft_jax.config_schema import CRITIC_ADVANTAGES, ppo_minibatches
+from rft_jax.config_schema import critic_layout, ppo_minibatches
 from rft_jax.models import functional as lm
 from rft_jax.models.llama import ModelConfig
 from rft_jax.parallel.rules import LOGICAL_RULES, MESH_AXES
@@ -214,10 +214,7 @@ def _algo(config):
 def run_critic(config) -> str:
   """The recipe's critic layout as ppo.algo_config reads it: algo.critic (PPOConfig's default
   'shared') for a critic-based advantage ('gae'), else 'none'."""
-  algo = _algo(config)
-  if algo.get('advantage', '') not in CRITIC_ADVANTAGES:
-    return 'none'
-  return algo.get('critic', 'shared')
+  return critic_layout(_algo(config))
 
 
 def run_reset_references(config) -> int:

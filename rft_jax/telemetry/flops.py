@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rft_jax.config_schema import CRITIC_ADVANTAGES
+from rft_jax.config_schema import critic_layout
 
 ModelConfigLike = Any   # rft_jax.models.llama.ModelConfig or anything with its fields
 
@@ -147,8 +147,7 @@ def step_flops_from_config(config: Any, gen_len_mean: float,
   if model_cfg is None:
     model_cfg = ModelFields(dict(config.model))
   algo = config.get('algo', {})
-  separate_critic = (algo.get('critic', 'shared') == 'separate'
-                     and algo.get('advantage') in CRITIC_ADVANTAGES)
+  separate_critic = critic_layout(algo) == 'separate'
   return step_flops(model_cfg, config.rollout.prompts_per_step, config.rollout.group_size,
                     config.task.max_prompt_len, gen_len_mean,
                     updates_per_batch=int(algo.get('updates_per_batch', 1)),
