@@ -5,7 +5,7 @@ import os
 
 import jax
 
-from rft_jax import components
+from rft_jax import components, config_schema
 
 
 RUN_CONFIG = 'config.json'
@@ -40,7 +40,8 @@ def check_workdir_config(config, workdir: str,
 
   workdir/config.json is written each time a run opens the workdir (JSON of config.to_dict();
   values JSON cannot hold are written as strings). A later invocation whose recipe name, model
-  section (except dtype, remat, scan_layers, path) or algo.advantage/loss/critic differ raises
+  section (except dtype, remat, scan_layers, path) or algo.advantage/loss or the critic it trains
+  (config_schema.critic_layout: algo.critic, or 'none' for a non-critic advantage) differ raises
   SetupError naming the first differing key, before any checkpoint is touched: restoring would
   fail on shapes (and used to set good checkpoints aside as unusable) or silently continue one
   algorithm's run with another's. A workdir without config.json (written by an older rft_jax) is
@@ -57,6 +58,9 @@ def check_workdir_config(config, workdir: str,
       raise components.SetupError(f'{path}: unreadable ({type(e).__name__}: {e}); it records '
                                   'the config this workdir was started with') from None
     flat = _flat(_config_json(config))
+    for d in (flat, theirs):   # the critic a run trains: 'none' for a non-critic advantage
+      d['algo.critic'] = config_schema.critic_layout(
+          {k[len('algo.'):]: v for k, v in d.items() if k.startswith('algo.')})
     for key in sorted(set(flat) | set(theirs), key=lambda k: (k != 'name', k)):   # name first
       if not key.startswith(_RUN_IDENTITY) or key in _MAY_CHANGE:
         continue

@@ -185,6 +185,25 @@ def test_ppo_recipe_trains_two_steps_with_a_group_advantage_from_flags(tmp_path,
     assert json.load(f)['optim_updates'] == 2 * 2
 
 
+def test_a_run_switched_to_a_group_advantage_resumes_with_critic_none_added(tmp_path):
+  """The resume check compares the critic a run trains, not the unused algo.critic: a run started
+  as `ppo_arith --config.algo.advantage=grpo` continues with `--config.algo.critic=none` added
+  (it was refused: 'shared' recorded, 'none' given). A real change of critic is still refused."""
+  from rft_jax import components, workdir_config  # pylint: disable=g-import-not-at-top
+  started = ppo_arith.get_config('tiny')
+  started.algo.advantage = 'grpo'
+  workdir_config.record_workdir_config(started, str(tmp_path))
+  resumed = ppo_arith.get_config('tiny')
+  resumed.algo.advantage, resumed.algo.critic = 'grpo', 'none'
+  workdir_config.check_workdir_config(resumed, str(tmp_path))
+  separate = ppo_arith.get_config('tiny')
+  workdir_config.record_workdir_config(separate, str(tmp_path / 'ppo'))
+  separate.algo.critic = 'separate'
+  with pytest.raises(components.SetupError,
+                     match=r"config.algo.critic='separate' does not match .*\('shared' in its"):
+    workdir_config.check_workdir_config(separate, str(tmp_path / 'ppo'))
+
+
 def check_documented(row: dict) -> None:
   """Every metric name a run logs is a row of the README's metric-name table."""
   import re  # pylint: disable=g-import-not-at-top
