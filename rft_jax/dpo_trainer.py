@@ -137,8 +137,8 @@ class OnlinePairs:
     t1 = time.time()
     answers = np.repeat(prompts['answer'], self.config.rollout.group_size)
     rewards = rollouts.score_rows(self.runner, texts, list(answers))   # each process its rows
-    trainer.check_rewards(rewards, self.config.rewards.max_invalid_frac, step, texts,
-                          self.kept, self.config.rewards.timeout_s)
+    rollouts.check_rewards(rewards, self.config.rewards.max_invalid_frac, step, texts,
+                           self.kept, self.config.rewards.timeout_s)
     rollouts.say_unscored(self.on_message, step, rewards, len(texts),
                           self.config.rewards.timeout_s, self.unscored_reported)
     batch, metrics = self.prepare(self.ref_params, rollout,

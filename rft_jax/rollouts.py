@@ -57,6 +57,25 @@ class StepRollout:
   reward_s: float
 
 
+def check_rewards(rewards, max_invalid_frac: float, step: int, texts, kept,
+                  timeout_s: float) -> None:
+  """Stops the run (before any update from this batch) when too many samples went unscored;
+  kept() -> runs.kept_note, the checkpoint the run keeps (asked only then: it lists the disk);
+  timeout_s: config.rewards.timeout_s, named when a timeout is the cause."""
+  invalid = 1.0 - float(np.mean(rewards.valid)) if len(texts) else 0.0
+  if invalid <= max_invalid_frac:
+    return
+  failing = {**{k: v for k, v in rewards.errors.items() if v},
+             **{k: v for k, v in rewards.timeouts.items() if v}}
+  name = max(failing, key=failing.get) if failing else '?'
+  detail = rewards.error_messages.get(
+      name, f'timed out (> config.rewards.timeout_s={timeout_s} s)')
+  raise runs.TrainingError(
+      f'reward failure at step {step}: {invalid:.0%} of samples unscored '
+      f'(> config.rewards.max_invalid_frac={max_invalid_frac}); verifier {name!r}: {detail}; '
+      f'{kept()}')
+
+
 def score_rows(runner, texts: list, answers: list) -> RewardResult:
   """Scores completions; with several processes each scores its own rows
   (hostdata.process_rows) and the global result is gathered onto every process.
@@ -112,7 +131,7 @@ class RolloutStage:
   """Callable (params, step, temperature) -> StepRollout; see the module docstring.
 
   sampler(temperature) returns the jitted group sampler; check(rewards, step, texts) raises
-  when a batch is too badly scored (trainer.check_rewards); on_message(step, text) reports a
+  when a batch is too badly scored (check_rewards); on_message(step, text) reports a
   note about `step` to the sinks (hooks.on_step_message: recorded at that step).
   place_prompts(host array) -> device array: where the prompt batch goes (the trainer shards
   it over data x fsdp so that sampling is split like the train step's batch). data_it yields

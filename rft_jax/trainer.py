@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rft_jax import (compile_cache, components, evaluation, faults, incidents, programs,
-                     rollouts, run_memory, runs)
+from rft_jax import (compile_ahead, compile_cache, components, evaluation, faults, incidents,
+                     programs, rollouts, run_memory, runs)
 from rft_jax import config as config_lib
 from rft_jax.algorithms import kl_control, ppo
 from rft_jax.algorithms import step_fns as step_fns_lib
@@ -210,14 +210,24 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   runner.start(wait=False)   # the workers import while the first step compiles
   rollout_stage = rollouts.RolloutStage(
       config, algo, data_it, c.tokenizer, runner, sampler,
-      check=lambda r, s, t: check_rewards(r, config.rewards.get('max_invalid_frac', 1.0), s, t,
-                                          lambda: runs.kept_note(ckpt, workdir),
-                                          config.rewards.timeout_s),
+      check=lambda r, s, t: rollouts.check_rewards(
+          r, config.rewards.get('max_invalid_frac', 1.0), s, t,
+          lambda: runs.kept_note(ckpt, workdir), config.rewards.timeout_s),
       on_message=hooks.on_step_message, skipped=skipped, injector=injector, hard_it=hard_it,
       place_prompts=lambda x: hostdata.place(x, prompt_sh),
       sample_shardings=meshlib.sampling_shardings(   # None: sample in the training layout
           shardings.params, config.rollout.get('weights_layout', 'train')))
 
+  # The first step's train programs compile on a thread while the main one evaluates and samples
+  # (rft_jax/compile_ahead.py); the run waits for it however it ends (exiting under it aborts).
+  first = state.replace(controls=jax.device_put(
+      device_controls(remediator.controls, config, start + 1), rep))
+  ahead = None if injector.faults or jax.process_count() > 1 else compile_ahead.first_step(
+      step_fns(False), first, ref_params, sampler(remediator.controls.temperature), c.params,
+      config.rollout.prompts_per_step, config.task.max_prompt_len, config.rollout.group_size,
+      batch_sh, c.mesh, ppo.prepare_args(first, algo))
+  if ahead is not None:
+    scope.callback(ahead.wait)
   runs.ensure_base_eval(meta, evaluator, c.params, hooks)   # logged at step 0
   wall_before = meta.get('wall_s', 0.0)   # wall seconds of earlier invocations of this run
   step = start
@@ -264,6 +274,8 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
           device_controls(remediator.controls, config, step), rep))   # no second compile
       rewards_d, valid_d = to_device(got.rewards_b), to_device(got.valid_b)
       sign_b, shift = injector.batch_faults(step, len(got.rewards_b))
+      if ahead is not None:
+        ahead.wait()   # the first step's program compiling on its thread (at once after it)
       if fused is not None and sign_b is None:   # reference + policy passes in one program
         state, metrics, adv_b = fused(state, ref_params, rollout, rewards_d, valid_d)
         step_metrics = {}
@@ -377,22 +389,3 @@ def step_compute(config, model_cfg, metrics: dict, meta: dict) -> dict:
   step = f['total'] + (metrics.get('sampling/rounds', 1.0) - 1.0) * f['sampling']
   meta['flops'] = meta.get('flops', 0.0) + step
   return {'compute/flops_step': step, 'compute/flops_cumulative': meta['flops']}
-
-
-def check_rewards(rewards, max_invalid_frac: float, step: int, texts, kept,
-                  timeout_s: float) -> None:
-  """Stops the run (before any update from this batch) when too many samples went unscored;
-  kept() -> runs.kept_note, the checkpoint the run keeps (asked only then: it lists the disk);
-  timeout_s: config.rewards.timeout_s, named when a timeout is the cause."""
-  invalid = 1.0 - float(np.mean(rewards.valid)) if len(texts) else 0.0
-  if invalid <= max_invalid_frac:
-    return
-  failing = {**{k: v for k, v in rewards.errors.items() if v},
-             **{k: v for k, v in rewards.timeouts.items() if v}}
-  name = max(failing, key=failing.get) if failing else '?'
-  detail = rewards.error_messages.get(
-      name, f'timed out (> config.rewards.timeout_s={timeout_s} s)')
-  raise TrainingError(
-      f'reward failure at step {step}: {invalid:.0%} of samples unscored '
-      f'(> config.rewards.max_invalid_frac={max_invalid_frac}); verifier {name!r}: {detail}; '
-      f'{kept()}')

@@ -1,12 +1,21 @@
 """A short real RL run compiles everything in its first step and nothing after it.
 
 Compilations are counted with jax.monitoring's backend-compile events (one per XLA program
-built or loaded from the persistent cache), read by a hook after every step. The recipe takes
-one update per batch, so the loop runs the fused GRPO step (rft_jax/algorithms/grpo_fused.py);
-tests/test_trainer.py covers the two-pass path (prepare_batch + train_step) the same way.
+built or loaded from the persistent cache, reported on the thread that compiles it), read by a
+hook after every step. With one update per batch the loop runs the fused GRPO step
+(rft_jax/algorithms/grpo_fused.py), with two prepare_batch + train_step; their programs are
+compiled ahead on a thread (rft_jax/compile_ahead.py), and a run waits for that thread.
 """
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
 import jax
 import pytest
+import xla_flags
 
 from configs import grpo_arith
 from rft_jax import programs, trainer
@@ -19,12 +28,13 @@ class CompileCounter(Hook):
   """Programs compiled so far, and the count seen after each step."""
 
   def __init__(self):
-    self.names, self.after_step, self.metrics = [], {}, {}
+    self.names, self.threads, self.after_step, self.metrics = [], [], {}, {}
 
   def listen(self, event, duration_secs, **kwargs):
     del duration_secs
     if event == BACKEND_COMPILE:
       self.names.append(kwargs.get('fun_name', '?'))
+      self.threads.append(threading.current_thread().name)
 
   def on_step(self, step, metrics):
     self.after_step[step] = len(self.names)
@@ -40,16 +50,90 @@ def counter():
   jax.monitoring.unregister_event_duration_listener(c.listen)
 
 
-def test_no_recompilation_after_the_first_step_of_a_fused_grpo_run(tmp_path, counter):
+@pytest.mark.parametrize('updates', [1, 2])
+def test_no_recompilation_after_the_first_step_of_a_grpo_run(tmp_path, counter, updates):
+  """One update per batch runs the fused step, two run prepare_batch + train_step: either way
+  steps 2-4 compile nothing, and the train programs compiled once, on the thread that compiles
+  them while the run evaluates and samples (rft_jax/compile_ahead.py): the steps' calls found
+  those executables."""
   config = grpo_arith.get_config('tiny')
   config.telemetry.console = False
   config.telemetry.tensorboard = False
   config.rewards.num_workers = 0
   config.update_from_flattened_dict({'train.steps': 4, 'train.eval_every': 100,
-                                     'train.ckpt_every': 100, 'algo.updates_per_batch': 1})
+                                     'train.ckpt_every': 100, 'algo.updates_per_batch': updates})
   trainer.run(config, str(tmp_path), hooks_extra=(counter,))
   first, last = counter.after_step[1], counter.after_step[4]
   assert first > 0                                  # step 1 compiled the step's programs
   assert last == first, counter.names[first:last]   # steps 2-4 reused them
-  # The fused step ran: its old log-probs are the update's own, so the ratio is exactly 1.
-  assert all(m['ppo_kl'] == 0.0 and m['ratio/abs_dev'] == 0.0 for m in counter.metrics.values())
+  names = ['fused_step'] if updates == 1 else ['prepare_batch', 'train_step']
+  for name in names:
+    assert compiled_on(name, counter.names, counter.threads) == [AHEAD], counter.names
+  if updates == 1:   # the fused step's old log-probs are the update's own: the ratio is 1
+    assert all(m['ppo_kl'] == 0.0 and m['ratio/abs_dev'] == 0.0
+               for m in counter.metrics.values())
+
+
+AHEAD = 'rft_jax-compile-ahead'
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def compiled_on(name, names, threads) -> list:
+  """The threads on which jit(<name>)'s program was compiled, one per compile."""
+  return [t for n, t in zip(names, threads) if n == f'jit({name})']
+
+
+class StopAtBaseEval(Hook):
+  def on_eval(self, step, metrics):
+    raise RuntimeError('stopped at the base evaluation')
+
+
+def test_a_run_that_stops_before_its_first_step_waits_for_the_compile_thread(tmp_path,
+                                                                           monkeypatch):
+  """A run that ends while the first step's program compiles on its thread (here a hook raising
+  at the base evaluation) returns only after the thread: a process exiting under an XLA compile
+  aborts (exit 134) instead of reporting its error. The compile is made to last 2 s longer, so
+  that it is still going when the hook raises, whatever the compilation cache holds."""
+  from rft_jax import compile_ahead  # pylint: disable=g-import-not-at-top
+  run_slowly = compile_ahead.Ahead._run   # pylint: disable=protected-access
+  monkeypatch.setattr(compile_ahead.Ahead, '_run',
+                      lambda self, *a: (time.sleep(2.0), run_slowly(self, *a)))
+  config = grpo_arith.get_config('tiny')   # two updates per batch: prepare + train_step
+  config.telemetry.console = False
+  config.rewards.num_workers = 0
+  with pytest.raises(RuntimeError, match='stopped at the base evaluation'):
+    trainer.run(config, str(tmp_path), hooks_extra=(StopAtBaseEval(),))
+  assert not [t for t in threading.enumerate() if t.name == AHEAD]
+
+
+TWO_DEVICE_RUN = """
+import json, sys, threading, jax
+from configs import grpo_arith
+from rft_jax import trainer
+seen = []
+def listen(event, secs, fun_name='?', **_):
+  if event == '/jax/core/compile/backend_compile_duration':
+    seen.append((fun_name, threading.current_thread().name))
+jax.monitoring.register_event_duration_secs_listener(listen)
+config = grpo_arith.get_config('tiny')
+config.telemetry.console = False
+config.rewards.num_workers = 0
+config.update_from_flattened_dict({'train.steps': 2, 'train.eval_every': 100,
+    'train.ckpt_every': 100, 'algo.updates_per_batch': 1, 'mesh.data': 1, 'mesh.fsdp': 2})
+trainer.run(config, sys.argv[1])
+print('SEEN ' + json.dumps(seen))
+"""
+
+
+def test_the_fused_step_compiled_ahead_is_the_one_a_sharded_run_calls(tmp_path):
+  """On a (1, 2, 1) mesh (the sampler's outputs come out as P('fsdp',), the batch sharding it
+  was compiled for is P(('data', 'fsdp'))) the program compiled ahead on its thread is the one
+  the steps call: compiled once, never on the main thread."""
+  done = subprocess.run(
+      [sys.executable, '-c', TWO_DEVICE_RUN, str(tmp_path / 'run')], capture_output=True,
+      text=True, timeout=600, check=False, cwd=REPO,
+      env=dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO,
+               XLA_FLAGS=xla_flags.with_cpu_devices(2)))
+  assert done.returncode == 0, done.stderr[-3000:]
+  seen = json.loads(done.stdout.split('SEEN ', 1)[1])
+  assert compiled_on('fused_step', *zip(*seen)) == [AHEAD], seen

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from rft_jax import runs, trainer
+from rft_jax import rollouts, runs
 from rft_jax.rewards.result import RewardResult
 
 
@@ -36,8 +36,8 @@ def test_a_reward_failure_before_any_checkpoint_does_not_claim_one_is_kept():
                          valid=np.zeros(n, bool), errors={'boom': n}, timeouts={'boom': 0},
                          error_messages={'boom': 'RuntimeError: exploded'})
   with pytest.raises(runs.TrainingError) as stopped:
-    trainer.check_rewards(rewards, 0.5, 1, ['1'] * n,
-                          lambda: runs.kept_note(_Checkpoints([]), '/w'), 2.0)
+    rollouts.check_rewards(rewards, 0.5, 1, ['1'] * n,
+                           lambda: runs.kept_note(_Checkpoints([]), '/w'), 2.0)
   message = str(stopped.value)
   assert "verifier 'boom': RuntimeError: exploded" in message
   assert message.endswith('stopped before its first checkpoint, so none is kept in /w; the '
@@ -52,7 +52,7 @@ def test_a_reward_failure_by_timeouts_names_the_timeout_key():
                          per_verifier={'slow': np.full(n, np.nan, np.float32)},
                          valid=np.zeros(n, bool), errors={'slow': 0}, timeouts={'slow': n})
   with pytest.raises(runs.TrainingError) as stopped:
-    trainer.check_rewards(rewards, 0.5, 1, ['1'] * n,
-                          lambda: runs.kept_note(_Checkpoints([]), '/w'), 2.0)
+    rollouts.check_rewards(rewards, 0.5, 1, ['1'] * n,
+                           lambda: runs.kept_note(_Checkpoints([]), '/w'), 2.0)
   assert ("verifier 'slow': timed out (> config.rewards.timeout_s=2.0 s); stopped before"
           in str(stopped.value)), stopped.value

@@ -25,7 +25,7 @@ import jax  # noqa: E402  (after T_START: the import counts towards the time to 
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
-from rft_jax import compile_cache, components, runs  # noqa: E402
+from rft_jax import compile_ahead, compile_cache, components, runs  # noqa: E402
 from rft_jax.algorithms import grpo, step_fns, train_state as ts  # noqa: E402
 from rft_jax.models import functional as lm  # noqa: E402
 from rft_jax.models import hf_checkpoint  # noqa: E402
@@ -91,6 +91,7 @@ class RftSide:
                               graphdef=graphdef, params=params, param_shardings=param_sh,
                               train_source=None, test_source=None)
     self.graphdef = graphdef
+    self.ahead = None   # compile_ahead.Ahead of the first step's fused program (first_step)
     self.algo = grpo.GRPOConfig(kl_coef=w.kl_coef, group_size=w.group_size,
                                 shared_prompt=w.shared_prompt)
     tx, schedule = ts.make_optimizer(optim_config(w)), ts.lr_schedule(optim_config(w))
@@ -138,6 +139,8 @@ class RftSide:
     rewards = self.runner(texts, [''] * len(texts))
     t3 = time.perf_counter()
     place = lambda x: hostdata.place(x, self.batch_sh)   # as trainer.run's to_device
+    if self.ahead is not None:   # as trainer.run: the program compiling on its thread
+      self.ahead.wait()
     self.state, metrics, _ = self.fused(self.state, self.ref_params, rollout,
                                         place(rewards.total), place(rewards.valid))
     jax.block_until_ready(self.state.params)
@@ -202,6 +205,9 @@ def first_step(assets: str, w: wl.Workload) -> tuple[dict, RftSide]:
   t0 = time.time()
   side = RftSide(w, assets)
   side.runner.start(wait=False)   # as trainer.run: the workers import while the step compiles
+  side.ahead = compile_ahead.first_step(   # as trainer.run: compiled while it samples
+      (None, None, side.fused), side.state, side.ref_params, side.sampler, side.state.params,
+      w.prompts_per_step, w.prompt_len_max, w.group_size, side.batch_sh, None, {})   # no mesh
   t1 = time.time()
   side.step(0, extra=False)
   t2 = time.time()
