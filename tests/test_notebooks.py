@@ -1,6 +1,6 @@
 """The notebooks in experiments/notebooks, executed headless as CI runs them.
 
-Notebooks 1-3 run to the end with RFT_NOTEBOOK_SMALL=1 in a Jupyter kernel (nbclient); a cell
+Notebooks 1-3 (2 and 3 only in `make test-all`: marked slow) run to the end with RFT_NOTEBOOK_SMALL=1 in a Jupyter kernel (nbclient); a cell
 that raises fails the test, and each must leave an image/png output (its plots). Notebook 4 runs
 up to its first cell tagged 'real-checkpoint', with a tiny random Qwen2 checkpoint and four GSM8K
 questions standing in for the real model and data (RFT_MODEL_DIR, RFT_GSM8K_DIR). The committed
@@ -106,6 +106,10 @@ def test_quickstart(kernel_env):
   assert "{'eval/greedy_acc'" in out                          # api.evaluate
 
 
+# Notebooks 2 and 3 train two and one small runs in a kernel (~45 and ~30 s of the default
+# suite on 2 cores): `make test-all` runs them. The monitor's detection and remediation on live
+# runs are tests/test_monitor_live.py's, the scaling fit's tests/test_scaling*.py's.
+@pytest.mark.slow
 def test_failure_monitor(kernel_env):
   nb = execute(os.path.join(NOTEBOOK_DIR, '02_failure_monitor.py'))
   assert len(images(nb)) >= 3, 'expected the warn and auto plots and run.png'
@@ -117,6 +121,7 @@ def test_failure_monitor(kernel_env):
   assert out.count('for 24 RL steps: 48 optimiser updates)') == 2, out[-1000:]
 
 
+@pytest.mark.slow
 def test_scaling(kernel_env):
   nb = execute(os.path.join(NOTEBOOK_DIR, '03_scaling.py'))
   assert images(nb), 'no plot rendered'
