@@ -21,13 +21,26 @@ checks that each compiles once, on the thread, on one device and on a (1, 2, 1) 
 Timings in experiments/bench/README.md.
 
 One process only: with several (multi-host) it has not been tested or measured, so the trainer
-does not start it there.
+does not start it there. RFT_JAX_COMPILE_AHEAD=0 in the environment turns it off (programs then
+compile at their first call): a run that stops before its first step (a bad verifier, a stop in
+the base evaluation) does not compile train programs it will not run, nor wait for them. The
+test suite sets it (tests/conftest.py): many of its runs stop early on purpose, and with the
+thread the error-path modules took ~30% longer; tests/test_recompile.py turns it back on.
 """
 import contextlib
+import os
 import threading
 
 import jax
 import jax.numpy as jnp
+
+
+ENV = 'RFT_JAX_COMPILE_AHEAD'
+
+
+def enabled() -> bool:
+  """False where the environment sets RFT_JAX_COMPILE_AHEAD=0."""
+  return os.environ.get(ENV, '1') != '0'
 
 
 def abstract(tree):
@@ -52,15 +65,19 @@ class Ahead:
   programs on it: compiled under another, the call would compile its own.
 
   The owner must wait() before its process exits, however it stops (the trainer registers it
-  with the run's scope): a process that exits while XLA compiles on the thread aborts
+  with the run's scope, `register`): a process that exits while XLA compiles on the thread aborts
   ('terminate called ...', exit 134). An error on the thread is kept (self.error) and not
   raised: the main thread's own call compiles the program again and raises it there, with the
   run's context around it."""
 
-  def __init__(self, work, mesh):
+  def __init__(self, work, mesh, register=None):
+    """register(wait), when given, is called before the thread starts (the trainer passes its
+    run scope's callback): an exception that lands in between leaves nothing unwaited."""
     self.error = None
     self._thread = threading.Thread(target=self._run, args=(work, mesh),
                                     name='rft_jax-compile-ahead', daemon=True)
+    if register is not None:
+      register(self.wait)
     self._thread.start()
 
   def _run(self, work, mesh) -> None:
@@ -71,7 +88,8 @@ class Ahead:
       self.error = e
 
   def wait(self) -> None:
-    self._thread.join()
+    if self._thread.ident is not None:   # started (else there is nothing to wait for)
+      self._thread.join()
 
 
 def at(tree, sharding):
@@ -81,14 +99,15 @@ def at(tree, sharding):
 
 
 def first_step(step_fns, state, ref_params, sample, params, prompts: int, prompt_len: int,
-               group_size: int, batch_sh, mesh, prepare_kwargs: dict) -> Ahead:
+               group_size: int, batch_sh, mesh, prepare_kwargs: dict, register=None) -> Ahead:
   """Starts compiling the train programs of a step that samples with sample(...) on
   [prompts, prompt_len] prompts, G = group_size completions each.
 
   step_fns: (prepare, train_step, fused) as step_fns.make_step_fns returns them; fused when it
   is not None, else prepare(params, ref_params or params, rollout, rewards_b, valid_b,
   **prepare_kwargs) and train_step(state, batch). `state` as the step passes it (its controls
-  placed as the loop places them); prepare_kwargs: ppo.prepare_args of it. mesh: see Ahead."""
+  placed as the loop places them); prepare_kwargs: ppo.prepare_args of it. mesh, register: see
+  Ahead."""
   prepare, train_step, fused = step_fns
   rows = prompts * group_size
   state, ref_params, prepare_kwargs = abstract((state, ref_params, prepare_kwargs))
@@ -105,4 +124,4 @@ def first_step(step_fns, state, ref_params, sample, params, prompts: int, prompt
     prepare.lower(*args, **prepare_kwargs).compile()
     batch, _ = jax.eval_shape(prepare, *args, **prepare_kwargs)
     train_step.lower(state, at(batch, batch_sh)).compile()
-  return Ahead(work, mesh)
+  return Ahead(work, mesh, register)

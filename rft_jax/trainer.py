@@ -222,12 +222,12 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   # (rft_jax/compile_ahead.py); the run waits for it however it ends (exiting under it aborts).
   first = state.replace(controls=jax.device_put(
       device_controls(remediator.controls, config, start + 1), rep))
-  ahead = None if injector.faults or jax.process_count() > 1 else compile_ahead.first_step(
+  unused = (not compile_ahead.enabled() or injector.faults or jax.process_count() > 1
+            or start >= total)   # see compile_ahead
+  ahead = None if unused else compile_ahead.first_step(
       step_fns(False), first, ref_params, sampler(remediator.controls.temperature), c.params,
       config.rollout.prompts_per_step, config.task.max_prompt_len, config.rollout.group_size,
-      batch_sh, c.mesh, ppo.prepare_args(first, algo))
-  if ahead is not None:
-    scope.callback(ahead.wait)
+      batch_sh, c.mesh, ppo.prepare_args(first, algo), register=scope.callback)
   runs.ensure_base_eval(meta, evaluator, c.params, hooks)   # logged at step 0
   wall_before = meta.get('wall_s', 0.0)   # wall seconds of earlier invocations of this run
   step = start

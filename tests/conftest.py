@@ -1,9 +1,14 @@
 """Fixtures shared by several test modules (a fixture used by one module stays in it)."""
+import os
+
 import pytest
 
 import xla_flags
 
 xla_flags.use_fast_compile()   # before any test imports JAX: see xla_flags.py
+# Runs compile their train programs at first use, not on a thread ahead (rft_jax/compile_ahead.py):
+# many tests stop a run before its first step on purpose. tests/test_recompile.py turns it on.
+os.environ['RFT_JAX_COMPILE_AHEAD'] = '0'
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """The notebooks in experiments/notebooks, executed headless as CI runs them.
 
-Notebooks 1-3 (2 and 3 only in `make test-all`: marked slow) run to the end with RFT_NOTEBOOK_SMALL=1 in a Jupyter kernel (nbclient); a cell
-that raises fails the test, and each must leave an image/png output (its plots). Notebook 4 runs
+Notebooks 1-3 (2 and 3 only in `make test-all`: marked slow) run to the end with
+RFT_NOTEBOOK_SMALL=1 in a Jupyter kernel (nbclient); a cell that raises fails the test, and each
+must leave an image/png output (its plots). Notebook 4 runs
 up to its first cell tagged 'real-checkpoint', with a tiny random Qwen2 checkpoint and four GSM8K
 questions standing in for the real model and data (RFT_MODEL_DIR, RFT_GSM8K_DIR). The committed
 .ipynb of each notebook must hold the cells of its jupytext .py source.

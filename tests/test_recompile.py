@@ -41,6 +41,12 @@ class CompileCounter(Hook):
     self.metrics[step] = dict(metrics)
 
 
+@pytest.fixture(autouse=True)
+def compile_ahead_on(monkeypatch):
+  """The suite turns the compile-ahead thread off (tests/conftest.py); these tests are its."""
+  monkeypatch.setenv('RFT_JAX_COMPILE_AHEAD', '1')
+
+
 @pytest.fixture
 def counter():
   programs.clear()   # programs an earlier test's run built are built again here

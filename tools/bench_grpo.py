@@ -205,9 +205,10 @@ def first_step(assets: str, w: wl.Workload) -> tuple[dict, RftSide]:
   t0 = time.time()
   side = RftSide(w, assets)
   side.runner.start(wait=False)   # as trainer.run: the workers import while the step compiles
-  side.ahead = compile_ahead.first_step(   # as trainer.run: compiled while it samples
-      (None, None, side.fused), side.state, side.ref_params, side.sampler, side.state.params,
-      w.prompts_per_step, w.prompt_len_max, w.group_size, side.batch_sh, None, {})   # no mesh
+  if compile_ahead.enabled():   # as trainer.run: compiled while it samples (under no mesh,
+    side.ahead = compile_ahead.first_step(   # as the bench's calls run)
+        (None, None, side.fused), side.state, side.ref_params, side.sampler, side.state.params,
+        w.prompts_per_step, w.prompt_len_max, w.group_size, side.batch_sh, None, {})
   t1 = time.time()
   side.step(0, extra=False)
   t2 = time.time()
