@@ -15,13 +15,17 @@ so a thread lowers and compiles them (`jit(f).lower(*shapes).compile()`) while t
 compiles and runs the base evaluation and the first sampling and scoring. The step's calls then
 find the executables in jit's cache: same shapes, dtypes and weak types, and shardings that are
 the same or equivalent (the sampler's outputs come out as P('fsdp',) or P('tensor', 'fsdp')
-where the batch sharding is P(('data', 'fsdp')): jit reuses the program for those). A mismatch
-would cost one more compile of the same program, not a wrong result; tests/test_recompile.py
-checks that each compiles once, on the thread, on one device and on a (1, 2, 1) mesh.
-Timings in experiments/bench/README.md.
+where the batch sharding is P(('data', 'fsdp')): jit reuses the program for those; the trainer
+moves a rollout laid out in a way not equivalent to the batch sharding there, e.g. replicated
+prompts, hostdata.to_sharding). A mismatch would cost one more compile of the same program, not
+a wrong result, and an error on the thread is reported as a message at the first step.
+tests/test_recompile.py checks that each compiles once and on the thread: fused and two-pass
+on one device, fused on a (1, 2, 1) mesh, PPO's. Timings in experiments/bench/README.md.
 
-One process only: with several (multi-host) it has not been tested or measured, so the trainer
-does not start it there. RFT_JAX_COMPILE_AHEAD=0 in the environment turns it off (programs then
+CPU and one process only: on a GPU or TPU, XLA's compile runs autotuning kernels and takes
+device memory while the sampler holds its KV cache (not measured, not in the memory estimate),
+and several processes (multi-host) have not been tested, so the trainer does not start it
+there (run_ahead). RFT_JAX_COMPILE_AHEAD=0 in the environment turns it off (programs then
 compile at their first call): a run that stops before its first step (a bad verifier, a stop in
 the base evaluation) does not compile train programs it will not run, nor wait for them. The
 test suite sets it (tests/conftest.py): many of its runs stop early on purpose, and with the
@@ -43,6 +47,13 @@ def enabled() -> bool:
   return os.environ.get(ENV, '1') != '0'
 
 
+def run_ahead(faults, start: int, total: int) -> bool:
+  """Whether trainer.run compiles its first step ahead: enabled(), on CPU, one process, no
+  injected faults (they change the step's programs), a step left to run."""
+  return (enabled() and jax.default_backend() == 'cpu' and jax.process_count() == 1
+          and not faults and start < total)
+
+
 def abstract(tree):
   """jax.Arrays -> jax.ShapeDtypeStructs with their shardings and weak types (what jit keys a
   program on), without holding the buffers (the step donates the state's); other leaves kept."""
@@ -53,10 +64,11 @@ def abstract(tree):
 
 def rollout_shapes(sample, params, prompts: int, prompt_len: int):
   """The Rollout sample(params, tokens_bp, mask_bp, key) returns for a [prompts, prompt_len]
-  int32 prompt batch, as ShapeDtypeStructs (jax.eval_shape: no compile, no device work)."""
+  int32 prompt batch, as ShapeDtypeStructs (jax.eval_shape: no compile, no device work);
+  params: arrays or ShapeDtypeStructs."""
   tokens_bp = jax.ShapeDtypeStruct((prompts, prompt_len), jnp.int32)
   key = jax.eval_shape(lambda: jax.random.key(0))
-  return jax.eval_shape(sample, abstract(params), tokens_bp, tokens_bp, key)
+  return jax.eval_shape(sample, params, tokens_bp, tokens_bp, key)
 
 
 class Ahead:
@@ -66,9 +78,9 @@ class Ahead:
 
   The owner must wait() before its process exits, however it stops (the trainer registers it
   with the run's scope, `register`): a process that exits while XLA compiles on the thread aborts
-  ('terminate called ...', exit 134). An error on the thread is kept (self.error) and not
-  raised: the main thread's own call compiles the program again and raises it there, with the
-  run's context around it."""
+  ('terminate called ...', exit 134). An error on the thread is kept (self.error; wait()
+  returns it) and not raised: the main thread's own call compiles the program again and raises
+  it there, with the run's context around it."""
 
   def __init__(self, work, mesh, register=None):
     """register(wait), when given, is called before the thread starts (the trainer passes its
@@ -87,15 +99,32 @@ class Ahead:
     except Exception as e:  # pylint: disable=broad-except  (see the class docstring)
       self.error = e
 
-  def wait(self) -> None:
+  def wait(self) -> str | None:
+    """Joins the thread -> None, or its error in one line ('TypeError: ...')."""
     if self._thread.ident is not None:   # started (else there is nothing to wait for)
       self._thread.join()
+    return None if self.error is None else f'{type(self.error).__name__}: {self.error}'
 
 
 def at(tree, sharding):
   """ShapeDtypeStructs (or arrays) -> ShapeDtypeStructs at `sharding`."""
   return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding,
                                                      weak_type=s.weak_type), tree)
+
+
+def compile_step(step_fns, state, ref_params, rollout, rewards_b, valid_b, prepare_kwargs: dict,
+                 batch_sh) -> None:
+  """Lowers and compiles the step's train programs (see first_step) for these abstract
+  arguments; the batch of the two-pass path is jax.eval_shape of prepare at batch_sh."""
+  prepare, train_step, fused = step_fns
+  if fused is not None:
+    fused.lower(state, ref_params, rollout, rewards_b, valid_b).compile()
+    return
+  args = (state.params, state.params if ref_params is None else ref_params, rollout, rewards_b,
+          valid_b)
+  prepare.lower(*args, **prepare_kwargs).compile()
+  batch, _ = jax.eval_shape(prepare, *args, **prepare_kwargs)
+  train_step.lower(state, at(batch, batch_sh)).compile()
 
 
 def first_step(step_fns, state, ref_params, sample, params, prompts: int, prompt_len: int,
@@ -108,20 +137,13 @@ def first_step(step_fns, state, ref_params, sample, params, prompts: int, prompt
   **prepare_kwargs) and train_step(state, batch). `state` as the step passes it (its controls
   placed as the loop places them); prepare_kwargs: ppo.prepare_args of it. mesh, register: see
   Ahead."""
-  prepare, train_step, fused = step_fns
   rows = prompts * group_size
-  state, ref_params, prepare_kwargs = abstract((state, ref_params, prepare_kwargs))
-  rollout = at(rollout_shapes(sample, params, prompts, prompt_len), batch_sh)
+  state, ref_params, params, prepare_kwargs = abstract(
+      (state, ref_params, params, prepare_kwargs))
   rewards_b = jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=batch_sh)
   valid_b = jax.ShapeDtypeStruct((rows,), jnp.bool_, sharding=batch_sh)
-
-  def work():
-    if fused is not None:
-      fused.lower(state, ref_params, rollout, rewards_b, valid_b).compile()
-      return
-    args = (state.params, state.params if ref_params is None else ref_params, rollout,
-            rewards_b, valid_b)
-    prepare.lower(*args, **prepare_kwargs).compile()
-    batch, _ = jax.eval_shape(prepare, *args, **prepare_kwargs)
-    train_step.lower(state, at(batch, batch_sh)).compile()
-  return Ahead(work, mesh, register)
+  # The sampler's trace here, on the main thread (0.15-0.3 s), before it traces the same sampler
+  # for the first call; on the thread the two traces contend for the GIL (no gain measured).
+  rollout = at(rollout_shapes(sample, params, prompts, prompt_len), batch_sh)
+  return Ahead(lambda: compile_step(step_fns, state, ref_params, rollout, rewards_b, valid_b,
+                                    prepare_kwargs, batch_sh), mesh, register)

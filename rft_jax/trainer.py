@@ -143,7 +143,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   # then split too); host arrays (the global value on every process) are placed the same way.
   prompt_sh = (batch_sh if config.rollout.prompts_per_step % meshlib.batch_divisor(c.mesh) == 0
                else rep)
-  to_device = lambda x: x if isinstance(x, jax.Array) else hostdata.place(x, batch_sh)
+  to_device = lambda x: hostdata.to_sharding(x, batch_sh)   # one layout: see compile_ahead
   # Verdicts judge recovery on the primary verifier's correctness, which a fault between the
   # verifiers and the trainer (a reward scale, sign or added term) does not corrupt.
   remediator = Remediator(mode, controls0, watch_steps=watch_steps, lr_factor=lr_factor,
@@ -222,12 +222,12 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
   # (rft_jax/compile_ahead.py); the run waits for it however it ends (exiting under it aborts).
   first = state.replace(controls=jax.device_put(
       device_controls(remediator.controls, config, start + 1), rep))
-  unused = (not compile_ahead.enabled() or injector.faults or jax.process_count() > 1
-            or start >= total)   # see compile_ahead
-  ahead = None if unused else compile_ahead.first_step(
-      step_fns(False), first, ref_params, sampler(remediator.controls.temperature), c.params,
-      config.rollout.prompts_per_step, config.task.max_prompt_len, config.rollout.group_size,
-      batch_sh, c.mesh, ppo.prepare_args(first, algo), register=scope.callback)
+  fns = step_fns(False)
+  ahead = None if not compile_ahead.run_ahead(injector.faults, start, total) else (
+      compile_ahead.first_step(
+          fns, first, ref_params, sampler(remediator.controls.temperature), c.params,
+          config.rollout.prompts_per_step, config.task.max_prompt_len, config.rollout.group_size,
+          batch_sh, c.mesh, {} if fns[2] else ppo.prepare_args(first, algo), scope.callback))
   runs.ensure_base_eval(meta, evaluator, c.params, hooks)   # logged at step 0
   wall_before = meta.get('wall_s', 0.0)   # wall seconds of earlier invocations of this run
   step = start
@@ -274,8 +274,11 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
           device_controls(remediator.controls, config, step), rep))   # no second compile
       rewards_d, valid_d = to_device(got.rewards_b), to_device(got.valid_b)
       sign_b, shift = injector.batch_faults(step, len(got.rewards_b))
-      if ahead is not None:
-        ahead.wait()   # the first step's program compiling on its thread (at once after it)
+      if ahead is not None:   # the first step's programs compiling on their thread
+        failed, ahead = ahead.wait(), None
+        if failed:
+          hooks.on_step_message(step, f'the train programs compiled ahead failed ({failed}); '
+                                'compiling them at the first call')
       if fused is not None and sign_b is None:   # reference + policy passes in one program
         state, metrics, adv_b = fused(state, ref_params, rollout, rewards_d, valid_d)
         step_metrics = {}

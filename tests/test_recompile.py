@@ -17,7 +17,7 @@ import jax
 import pytest
 import xla_flags
 
-from configs import grpo_arith
+from configs import grpo_arith, ppo_arith
 from rft_jax import programs, trainer
 from rft_jax.telemetry.hooks import Hook
 
@@ -56,13 +56,13 @@ def counter():
   jax.monitoring.unregister_event_duration_listener(c.listen)
 
 
-@pytest.mark.parametrize('updates', [1, 2])
-def test_no_recompilation_after_the_first_step_of_a_grpo_run(tmp_path, counter, updates):
-  """One update per batch runs the fused step, two run prepare_batch + train_step: either way
-  steps 2-4 compile nothing, and the train programs compiled once, on the thread that compiles
-  them while the run evaluates and samples (rft_jax/compile_ahead.py): the steps' calls found
-  those executables."""
-  config = grpo_arith.get_config('tiny')
+@pytest.mark.parametrize('recipe, updates', [(grpo_arith, 1), (grpo_arith, 2), (ppo_arith, 2)])
+def test_no_recompilation_after_the_first_step_of_a_run(tmp_path, counter, recipe, updates):
+  """One GRPO update per batch runs the fused step, two (or PPO, with its critic) run
+  prepare_batch + train_step: either way steps 2-4 compile nothing, and the train programs
+  compiled once, on the thread that compiles them while the run evaluates and samples
+  (rft_jax/compile_ahead.py): the steps' calls found those executables."""
+  config = recipe.get_config('tiny')
   config.telemetry.console = False
   config.telemetry.tensorboard = False
   config.rewards.num_workers = 0
@@ -112,9 +112,30 @@ def test_a_run_that_stops_before_its_first_step_waits_for_the_compile_thread(tmp
   assert not [t for t in threading.enumerate() if t.name == AHEAD]
 
 
+def test_a_failed_compile_ahead_is_a_message_and_the_run_trains(tmp_path, monkeypatch):
+  """An error on the thread (here: in the compile) is not raised there: the first step says so
+  in one message and compiles its programs itself."""
+  from rft_jax import compile_ahead  # pylint: disable=g-import-not-at-top
+  from rft_jax.telemetry.sinks import read_jsonl  # pylint: disable=g-import-not-at-top
+
+  def broken(*args):
+    raise ValueError('no shapes today')
+  monkeypatch.setattr(compile_ahead, 'compile_step', broken)
+  config = grpo_arith.get_config('tiny')
+  config.telemetry.console = False
+  config.rewards.num_workers = 0
+  config.update_from_flattened_dict({'train.steps': 2, 'train.eval_every': 100,
+                                     'train.ckpt_every': 100})
+  trainer.run(config, str(tmp_path))
+  messages = [r['text'] for r in read_jsonl(str(tmp_path / 'metrics.jsonl'), kind='message')]
+  assert ('the train programs compiled ahead failed (ValueError: no shapes today); compiling '
+          'them at the first call') in messages, messages
+  assert len(read_jsonl(str(tmp_path / 'metrics.jsonl'), kind='train')) == 2
+
+
 TWO_DEVICE_RUN = """
 import json, sys, threading, jax
-from configs import grpo_arith
+from configs import grpo_arith, ppo_arith
 from rft_jax import trainer
 seen = []
 def listen(event, secs, fun_name='?', **_):

@@ -210,7 +210,11 @@ def first_step(assets: str, w: wl.Workload) -> tuple[dict, RftSide]:
         (None, None, side.fused), side.state, side.ref_params, side.sampler, side.state.params,
         w.prompts_per_step, w.prompt_len_max, w.group_size, side.batch_sh, None, {})
   t1 = time.time()
-  side.step(0, extra=False)
+  try:
+    side.step(0, extra=False)
+  finally:   # a process exiting under an XLA compile aborts (rft_jax/compile_ahead.py)
+    if side.ahead is not None:
+      side.ahead.wait()
   t2 = time.time()
   return {'end_time': t2, 'import_s': T_IMPORTED - T_START, 'setup_s': t1 - t0,
           'first_step_s': t2 - t1, 'compile_s': clock.seconds,

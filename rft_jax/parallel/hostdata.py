@@ -34,6 +34,16 @@ def place(x, sharding: jax.sharding.Sharding) -> jax.Array:
   return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
 
+def to_sharding(x, sharding: jax.sharding.Sharding) -> jax.Array:
+  """x at `sharding` (or one equivalent to it): a host array placed (place); a jax.Array laid
+  out otherwise moved with a device copy on one process, kept on several."""
+  if not isinstance(x, jax.Array):
+    return place(x, sharding)
+  if jax.process_count() > 1 or x.sharding.is_equivalent_to(sharding, x.ndim):
+    return x
+  return jax.device_put(x, sharding)
+
+
 def barrier(name: str) -> None:
   """Returns once every process has called barrier(name): what process 0 alone does to shared
   storage (checkpoint deletions, manifests) is then done for all. Nothing with one process."""
