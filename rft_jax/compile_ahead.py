@@ -54,12 +54,14 @@ def run_ahead(faults, start: int, total: int) -> bool:
           and not faults and start < total)
 
 
-def abstract(tree):
-  """jax.Arrays -> jax.ShapeDtypeStructs with their shardings and weak types (what jit keys a
-  program on), without holding the buffers (the step donates the state's); other leaves kept."""
+def abstract(tree, sharding=None):
+  """jax.Arrays and ShapeDtypeStructs -> ShapeDtypeStructs with their weak types and their own
+  shardings, or `sharding` when given (what jit keys a program on), without holding the buffers
+  (the step donates the state's); other leaves kept."""
+  kinds = (jax.Array, jax.ShapeDtypeStruct)
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-      x.shape, x.dtype, sharding=x.sharding, weak_type=x.weak_type)
-                      if isinstance(x, jax.Array) else x, tree)
+      x.shape, x.dtype, sharding=sharding or x.sharding, weak_type=x.weak_type)
+                      if isinstance(x, kinds) else x, tree)
 
 
 def rollout_shapes(sample, params, prompts: int, prompt_len: int):
@@ -106,12 +108,6 @@ class Ahead:
     return None if self.error is None else f'{type(self.error).__name__}: {self.error}'
 
 
-def at(tree, sharding):
-  """ShapeDtypeStructs (or arrays) -> ShapeDtypeStructs at `sharding`."""
-  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding,
-                                                     weak_type=s.weak_type), tree)
-
-
 def compile_step(step_fns, state, ref_params, rollout, rewards_b, valid_b, prepare_kwargs: dict,
                  batch_sh) -> None:
   """Lowers and compiles the step's train programs (see first_step) for these abstract
@@ -124,7 +120,7 @@ def compile_step(step_fns, state, ref_params, rollout, rewards_b, valid_b, prepa
           valid_b)
   prepare.lower(*args, **prepare_kwargs).compile()
   batch, _ = jax.eval_shape(prepare, *args, **prepare_kwargs)
-  train_step.lower(state, at(batch, batch_sh)).compile()
+  train_step.lower(state, abstract(batch, batch_sh)).compile()
 
 
 def first_step(step_fns, state, ref_params, sample, params, prompts: int, prompt_len: int,
@@ -144,6 +140,6 @@ def first_step(step_fns, state, ref_params, sample, params, prompts: int, prompt
   valid_b = jax.ShapeDtypeStruct((rows,), jnp.bool_, sharding=batch_sh)
   # The sampler's trace here, on the main thread (0.15-0.3 s), before it traces the same sampler
   # for the first call; on the thread the two traces contend for the GIL (no gain measured).
-  rollout = at(rollout_shapes(sample, params, prompts, prompt_len), batch_sh)
+  rollout = abstract(rollout_shapes(sample, params, prompts, prompt_len), batch_sh)
   return Ahead(lambda: compile_step(step_fns, state, ref_params, rollout, rewards_b, valid_b,
                                     prepare_kwargs, batch_sh), mesh, register)

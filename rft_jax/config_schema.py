@@ -172,13 +172,13 @@ def ppo_minibatches(algo) -> int:
   return int(algo.get('minibatches', 1))
 
 
-
 def critic_layout(algo) -> str:
   """The critic layout ppo.algo_config reads: algo.critic (PPOConfig's default 'shared') for a
   critic advantage (PPO), else 'none' (a PPO recipe switched to another advantage)."""
   if algo.get('advantage') not in CRITIC_ADVANTAGES:
     return 'none'
   return algo.get('critic', 'shared')
+
 
 _NO_VALUE = object()
 

@@ -220,14 +220,15 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
 
   # The first step's train programs compile on a thread while the main one evaluates and samples
   # (rft_jax/compile_ahead.py); the run waits for it however it ends (exiting under it aborts).
-  first = state.replace(controls=jax.device_put(
-      device_controls(remediator.controls, config, start + 1), rep))
-  fns = step_fns(False)
-  ahead = None if not compile_ahead.run_ahead(injector.faults, start, total) else (
-      compile_ahead.first_step(
-          fns, first, ref_params, sampler(remediator.controls.temperature), c.params,
-          config.rollout.prompts_per_step, config.task.max_prompt_len, config.rollout.group_size,
-          batch_sh, c.mesh, {} if fns[2] else ppo.prepare_args(first, algo), scope.callback))
+  ahead = None
+  if compile_ahead.run_ahead(injector.faults, start, total):
+    first = state.replace(controls=jax.device_put(   # as the loop places them
+        device_controls(remediator.controls, config, start + 1), rep))
+    fns = step_fns(False)
+    ahead = compile_ahead.first_step(
+        fns, first, ref_params, sampler(remediator.controls.temperature), c.params,
+        config.rollout.prompts_per_step, config.task.max_prompt_len, config.rollout.group_size,
+        batch_sh, c.mesh, {} if fns[2] else ppo.prepare_args(first, algo), scope.callback)
   runs.ensure_base_eval(meta, evaluator, c.params, hooks)   # logged at step 0
   wall_before = meta.get('wall_s', 0.0)   # wall seconds of earlier invocations of this run
   step = start
