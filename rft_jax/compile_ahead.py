@@ -31,8 +31,11 @@ the base evaluation) does not compile train programs it will not run, nor wait f
 test suite sets it (tests/conftest.py): many of its runs stop early on purpose, and with the
 thread the error-path modules took ~30% longer; tests/test_recompile.py turns it back on.
 """
+import atexit
 import contextlib
 import os
+import signal
+import sys
 import threading
 
 import jax
@@ -73,25 +76,46 @@ def rollout_shapes(sample, params, prompts: int, prompt_len: int):
   return jax.eval_shape(sample, params, tokens_bp, tokens_bp, key)
 
 
+_RUNNING = set()   # the Ahead threads not joined yet (wait_all joins them at exit)
+
+
+def wait_all() -> None:
+  """Joins every compile thread still running (atexit runs it). A Ctrl-C while it waits ends the
+  process at once with status 130 (os._exit: no C++ teardown under the compile), where Ctrl-C
+  has Python's own handler (not where it is ignored, as for a job a shell put in the background,
+  nor where an application installed its own: as rft_jax/stop_signals.py)."""
+  if (_RUNNING and threading.current_thread() is threading.main_thread()
+      and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+    signal.signal(signal.SIGINT, _exit_interrupted)
+  for ahead in list(_RUNNING):
+    ahead.wait()
+
+
+def _exit_interrupted(*_) -> None:
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(130)   # pylint: disable=protected-access
+
+
 class Ahead:
   """work() on a daemon thread under jax.set_mesh(mesh), the mesh context the calls that use its
   programs run under (None: none); wait() joins it. The context is per thread, and jit keys its
   programs on it: compiled under another, the call would compile its own.
 
-  The owner must wait() before its process exits, however it stops (the trainer registers it
-  with the run's scope, `register`): a process that exits while XLA compiles on the thread aborts
-  ('terminate called ...', exit 134). An error on the thread is kept (self.error; wait()
-  returns it) and not raised: the main thread's own call compiles the program again and raises
-  it there, with the run's context around it."""
+  A process that exits while XLA compiles on the thread aborts ('terminate called ...', exit
+  134), so the process waits for it at exit (wait_all, registered with atexit), not the run: a
+  run that stops before its first step (a bad verifier, a stop in the base evaluation) reports
+  at once, and the command's exit waits for the compile (seconds for the tiny model). An error
+  on the thread is kept (self.error; wait() returns it) and not raised: the main thread's own
+  call compiles the program again and raises it there, with the run's context around it."""
 
-  def __init__(self, work, mesh, register=None):
-    """register(wait), when given, is called before the thread starts (the trainer passes its
-    run scope's callback): an exception that lands in between leaves nothing unwaited."""
+  def __init__(self, work, mesh):
     self.error = None
     self._thread = threading.Thread(target=self._run, args=(work, mesh),
                                     name='rft_jax-compile-ahead', daemon=True)
-    if register is not None:
-      register(self.wait)
+    atexit.unregister(wait_all)   # registered last, so run first: before the libraries' handlers
+    atexit.register(wait_all)
+    _RUNNING.add(self)
     self._thread.start()
 
   def _run(self, work, mesh) -> None:
@@ -105,6 +129,7 @@ class Ahead:
     """Joins the thread -> None, or its error in one line ('TypeError: ...')."""
     if self._thread.ident is not None:   # started (else there is nothing to wait for)
       self._thread.join()
+    _RUNNING.discard(self)
     return None if self.error is None else f'{type(self.error).__name__}: {self.error}'
 
 
@@ -124,15 +149,14 @@ def compile_step(step_fns, state, ref_params, rollout, rewards_b, valid_b, prepa
 
 
 def first_step(step_fns, state, ref_params, sample, params, prompts: int, prompt_len: int,
-               group_size: int, batch_sh, mesh, prepare_kwargs: dict, register=None) -> Ahead:
+               group_size: int, batch_sh, mesh, prepare_kwargs: dict) -> Ahead:
   """Starts compiling the train programs of a step that samples with sample(...) on
   [prompts, prompt_len] prompts, G = group_size completions each.
 
   step_fns: (prepare, train_step, fused) as step_fns.make_step_fns returns them; fused when it
   is not None, else prepare(params, ref_params or params, rollout, rewards_b, valid_b,
   **prepare_kwargs) and train_step(state, batch). `state` as the step passes it (its controls
-  placed as the loop places them); prepare_kwargs: ppo.prepare_args of it. mesh, register: see
-  Ahead."""
+  placed as the loop places them); prepare_kwargs: ppo.prepare_args of it. mesh: see Ahead."""
   rows = prompts * group_size
   state, ref_params, params, prepare_kwargs = abstract(
       (state, ref_params, params, prepare_kwargs))
@@ -142,4 +166,4 @@ def first_step(step_fns, state, ref_params, sample, params, prompts: int, prompt
   # for the first call; on the thread the two traces contend for the GIL (no gain measured).
   rollout = abstract(rollout_shapes(sample, params, prompts, prompt_len), batch_sh)
   return Ahead(lambda: compile_step(step_fns, state, ref_params, rollout, rewards_b, valid_b,
-                                    prepare_kwargs, batch_sh), mesh, register)
+                                    prepare_kwargs, batch_sh), mesh)

@@ -219,7 +219,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
           shardings.params, config.rollout.get('weights_layout', 'train')))
 
   # The first step's train programs compile on a thread while the main one evaluates and samples
-  # (rft_jax/compile_ahead.py); the run waits for it however it ends (exiting under it aborts).
+  # (rft_jax/compile_ahead.py); the process waits for it at exit (exiting under it aborts).
   ahead = None
   if compile_ahead.run_ahead(injector.faults, start, total):
     first = state.replace(controls=jax.device_put(   # as the loop places them
@@ -228,7 +228,7 @@ def _run(config, workdir: str, hooks_extra, c: components.Components, t_start: f
     ahead = compile_ahead.first_step(
         fns, first, ref_params, sampler(remediator.controls.temperature), c.params,
         config.rollout.prompts_per_step, config.task.max_prompt_len, config.rollout.group_size,
-        batch_sh, c.mesh, {} if fns[2] else ppo.prepare_args(first, algo), scope.callback)
+        batch_sh, c.mesh, {} if fns[2] else ppo.prepare_args(first, algo))
   runs.ensure_base_eval(meta, evaluator, c.params, hooks)   # logged at step 0
   wall_before = meta.get('wall_s', 0.0)   # wall seconds of earlier invocations of this run
   step = start

@@ -4,10 +4,11 @@ Compilations are counted with jax.monitoring's backend-compile events (one per X
 built or loaded from the persistent cache, reported on the thread that compiles it), read by a
 hook after every step. With one update per batch the loop runs the fused GRPO step
 (rft_jax/algorithms/grpo_fused.py), with two prepare_batch + train_step; their programs are
-compiled ahead on a thread (rft_jax/compile_ahead.py), and a run waits for that thread.
+compiled ahead on a thread (rft_jax/compile_ahead.py), which the process waits for at exit.
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -89,27 +90,53 @@ def compiled_on(name, names, threads) -> list:
   return [t for n, t in zip(names, threads) if n == f'jit({name})']
 
 
-class StopAtBaseEval(Hook):
-  def on_eval(self, step, metrics):
-    raise RuntimeError('stopped at the base evaluation')
+# A command whose run fails at its base evaluation while the first step's programs compile on
+# the thread (the failure waits for the compile to begin; the compile is then held for HOLD_S).
+FAILS_WHILE_COMPILING = """
+import sys, threading, time
+from rft_jax import compile_ahead, runs
+from rft_jax import main
+compiling, compile_step = threading.Event(), compile_ahead.compile_step
+def held(*args):
+  compiling.set()
+  compile_step(*args)
+  time.sleep(float(sys.argv[2]))
+  print('compiled', flush=True)
+def fails(*args):
+  compiling.wait()
+  raise runs.TrainingError('the base evaluation broke')
+compile_ahead.compile_step, runs.ensure_base_eval = held, fails
+sys.exit(main.main(['rft_jax.main', '--config', 'configs/grpo_arith.py:tiny', '--workdir',
+                    sys.argv[1], '--config.rewards.num_workers=0']))
+"""
 
 
-def test_a_run_that_stops_before_its_first_step_waits_for_the_compile_thread(tmp_path,
-                                                                           monkeypatch):
-  """A run that ends while the first step's program compiles on its thread (here a hook raising
-  at the base evaluation) returns only after the thread: a process exiting under an XLA compile
-  aborts (exit 134) instead of reporting its error. The compile is made to last 2 s longer, so
-  that it is still going when the hook raises, whatever the compilation cache holds."""
-  from rft_jax import compile_ahead  # pylint: disable=g-import-not-at-top
-  run_slowly = compile_ahead.Ahead._run   # pylint: disable=protected-access
-  monkeypatch.setattr(compile_ahead.Ahead, '_run',
-                      lambda self, *a: (time.sleep(2.0), run_slowly(self, *a)))
-  config = grpo_arith.get_config('tiny')   # two updates per batch: prepare + train_step
-  config.telemetry.console = False
-  config.rewards.num_workers = 0
-  with pytest.raises(RuntimeError, match='stopped at the base evaluation'):
-    trainer.run(config, str(tmp_path), hooks_extra=(StopAtBaseEval(),))
-  assert not [t for t in threading.enumerate() if t.name == AHEAD]
+@pytest.mark.parametrize('ctrl_c', [False, True], ids=['exit', 'ctrl_c'])
+def test_a_run_that_fails_before_its_first_step_reports_at_once_and_exits_cleanly(tmp_path,
+                                                                                   ctrl_c):
+  """The run does not wait for the compile thread: its error line comes first. The process
+  waits for the thread at exit (one exiting under an XLA compile aborts: 'terminate called',
+  exit 134) and exits with the run's status 1; a Ctrl-C during that wait exits at once with 130.
+  An empty compilation cache, so the compile is XLA's (seconds), not a load."""
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_COMPILATION_CACHE_DIR=str(tmp_path / 'cache'))
+  proc = subprocess.Popen(
+      [sys.executable, '-c', FAILS_WHILE_COMPILING, str(tmp_path / 'run'),
+       '60' if ctrl_c else '0'], cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT)
+  lines = []
+  for line in proc.stdout:
+    lines.append(line.rstrip())
+    if ctrl_c and line.startswith('error: '):   # main then returns; at exit the process waits
+      time.sleep(1.0)
+      proc.send_signal(signal.SIGINT)
+  proc.wait(timeout=120)
+  out = '\n'.join(lines)
+  errors = [i for i, l in enumerate(lines) if l == 'error: the base evaluation broke']
+  assert errors and 'terminate called' not in out, out
+  if ctrl_c:
+    assert proc.returncode == 130 and 'compiled' not in lines, out
+  else:
+    assert proc.returncode == 1 and lines.index('compiled') > errors[0], out
 
 
 def test_a_failed_compile_ahead_is_a_message_and_the_run_trains(tmp_path, monkeypatch):
