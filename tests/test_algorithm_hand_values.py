@@ -76,6 +76,25 @@ def test_grpo_equal_rewards_give_exactly_zero_advantage():
   assert np.all(np.asarray(adv) == 0.0)
 
 
+@pytest.mark.parametrize('advantage', ['grpo', 'dr_grpo', 'grpo_batch_norm'])
+@pytest.mark.parametrize('value,group', [(100.7, 3), (100.7, 16), (1000.1, 8), (12.3, 12)])
+def test_a_group_of_equal_large_rewards_has_exactly_zero_advantage(advantage, value, group):
+  """At |r| ~10 and above the float32 mean of equal rewards is off by an ulp (~1e-6 to 1e-4),
+  more than a std threshold of 1e-6: GRPO gave every row of such a group ~±0.9 (found at
+  [100.7] * 3). A second group with spread keeps its advantages, and a third with one invalid
+  row differing from the rest has none either (invalid rows hold no statistic)."""
+  rewards = np.concatenate([np.full(group, value), value + np.arange(group),
+                            np.full(group, value)]).astype(np.float32)
+  rewards[2 * group] = -5.0   # the third group's odd one out, invalid below
+  valid = np.ones(3 * group, bool)
+  valid[2 * group] = False
+  adv = np.asarray(registry.get_advantage(advantage)(jnp.asarray(rewards), jnp.asarray(valid),
+                                                     group))
+  assert np.all(adv[:group] == 0.0) and np.all(adv[2 * group:] == 0.0), adv
+  spread = adv[group:2 * group]
+  assert np.all(np.diff(spread) > 0) and abs(spread.sum()) < 1e-3 * group, spread
+
+
 # ----------------------------------------------------------------------------
 # Losses.
 

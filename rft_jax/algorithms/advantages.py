@@ -38,9 +38,19 @@ def batch_stats(x_b, valid_b):
   return mean, jnp.sqrt((((x_b - mean) ** 2) * v).sum() / n)
 
 
+def group_spread(x_b, valid_b, group_size: int):
+  """Per-row bool [B]: the valid rows of its group hold at least two different values of x
+  (max > min, compared exactly). A group of equal rewards has no spread, whatever its rounding:
+  its float32 mean can differ from the rewards by an ulp (~1e-6 at 10, ~8e-6 at 100), which a
+  std threshold does not catch and (r - mean) / (std + eps) blows up to ~±1 in every row."""
+  x_gk, v_gk = x_b.reshape(-1, group_size), valid_b.reshape(-1, group_size)
+  hi = jnp.where(v_gk, x_gk, -jnp.inf).max(-1, keepdims=True)
+  lo = jnp.where(v_gk, x_gk, jnp.inf).min(-1, keepdims=True)
+  return jnp.broadcast_to(hi > lo, x_gk.shape).reshape(-1)
+
+
 def _scale(x_b, std, eps: float):
-  """x / (std + eps), and exactly 0 where std <= eps (no signal; avoids dividing rounding residue
-  of an all-equal set of rewards into spurious advantages)."""
+  """x / (std + eps), and exactly 0 where std <= eps (no signal)."""
   return jnp.where(std > eps, x_b / (std + eps), 0.0)
 
 
@@ -55,11 +65,10 @@ def grpo(rewards_b, valid_b, group_size: int, *, scale_by_std: bool = True, eps:
   mean_b, std_b, _ = group_stats(rewards_b, valid_b, group_size)
   adv_b = rewards_b - mean_b
   if scale_by_std:
-    # A group of equal rewards has std ~1e-8 from float rounding of its mean; dividing that
-    # residue by (std + eps) would give spurious advantages of order 0.01-0.1. Such groups carry
-    # no signal: their advantage is exactly 0.
     adv_b = _scale(adv_b, std_b, eps)
-  return jnp.where(valid_b, adv_b, 0.0)
+  # A group of equal rewards carries no signal: its advantage is exactly 0, not its mean's
+  # rounding residue (divided by the residue's std, that would be ~±1: group_spread).
+  return jnp.where(valid_b & group_spread(rewards_b, valid_b, group_size), adv_b, 0.0)
 
 
 @register_advantage('dr_grpo')
@@ -79,7 +88,8 @@ def grpo_batch_norm(rewards_b, valid_b, group_size: int, *, eps: float = 1e-6):
   """
   mean_b, _, _ = group_stats(rewards_b, valid_b, group_size)
   _, std = batch_stats(rewards_b, valid_b)
-  return jnp.where(valid_b, _scale(rewards_b - mean_b, std, eps), 0.0)
+  keep_b = valid_b & group_spread(rewards_b, valid_b, group_size)   # equal rewards: exactly 0
+  return jnp.where(keep_b, _scale(rewards_b - mean_b, std, eps), 0.0)
 
 
 @register_advantage('rloo')
