@@ -131,6 +131,12 @@ def start_warnings(config: ml_collections.ConfigDict) -> list[str]:
   if algo is not None and 'clip_eps_low' in algo and 'clip_eps_high' in algo:
     out.append(f'warning: config.algo.clip_eps={algo.clip_eps} is not used: algo.clip_eps_low '
                'and algo.clip_eps_high are both set, and they are the clip bounds')
+  if (algo is not None and algo.get('kl_estimator') == 'k1' and algo.get('kl_coef', 0) > 0
+      and not algo.get('kl_in_reward', False)):
+    out.append("warning: config.algo.kl_estimator='k1' with the KL in the loss: its gradient, "
+               'kl_coef * grad log pi of the sampled tokens, is 0 in expectation, so the '
+               "penalty only adds noise; use 'k2' (the gradient of KL(pi || ref)), 'k3' "
+               "(GRPO's: that of KL(ref || pi)), or algo.kl_in_reward=True")
   out += config_unused.unused_warnings(config)   # e.g. monitor.watch_steps without auto
   return out
 

@@ -103,3 +103,17 @@ def test_clip_eps_override_moves_the_lower_bound(name):
   both = api.load_config(name, {'algo.clip_eps_low': 0.1})
   [line] = [w for w in config_lib.start_warnings(both) if 'clip_eps' in w]
   assert line.startswith('warning: config.algo.clip_eps=') and 'clip_eps_low' in line
+
+
+def test_a_k1_kl_in_the_loss_is_one_warning_and_in_the_reward_none():
+  """k1 = log pi - log ref in the loss has the gradient kl_coef * grad log pi, whose expectation
+  under pi is 0 (a penalty that only adds noise); in the reward k1 is the usual choice."""
+  from rft_jax import api   # pylint: disable=g-import-not-at-top
+  [line] = [w for w in config_lib.start_warnings(
+      api.load_config('grpo_arith', {'algo.kl_estimator': 'k1'})) if 'kl_estimator' in w]
+  assert line.startswith("warning: config.algo.kl_estimator='k1' with the KL in the loss")
+  for name, overrides in (('grpo_arith', {}), ('grpo_arith', {'algo.kl_estimator': 'k2'}),
+                          ('grpo_arith', {'algo.kl_estimator': 'k1', 'algo.kl_coef': 0.0}),
+                          ('rloo_arith', {'algo.kl_estimator': 'k1'})):
+    config = api.load_config(name, overrides)
+    assert not [w for w in config_lib.start_warnings(config) if 'kl_estimator' in w], overrides

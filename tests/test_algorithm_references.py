@@ -234,6 +234,25 @@ def test_recipe_loss_and_gradient_match_the_paper(recipe):
     assert not np.asarray(got_adv)[4:8].any()   # the group of equal rewards: A = 0 exactly
 
 
+@pytest.mark.parametrize('recipe', ['rloo_arith', 'reinforce_pp_arith'])
+def test_a_kl_in_the_reward_that_overflows_off_the_loss_mask_changes_nothing(recipe):
+  """On a padding slot the old and reference log-probs are scored but never trained on; where
+  the reference's exceeds the old one's by more than 88 nats, k3 = exp(ref - old) - ... is inf
+  there, and masking it by a multiplication (inf * 0 = NaN) made the rewards, advantages and
+  loss NaN. Same advantages, loss and gradient as with that slot at 0."""
+  _, algo = recipe_algo(PAPERS[recipe][0])
+  case = make_case()
+  wild = {**case, 'old': case['old'].copy(), 'ref': case['ref'].copy()}
+  b, l = 1, P - 1 + LENGTHS[1]   # row 1's first padding slot
+  assert case['mask'][b, l] == 0 and case['valid'][b]
+  wild['old'][b, l], wild['ref'][b, l] = -150.0, -0.5
+  got, got_grad, got_adv = rft_objective(algo, wild)
+  want, want_grad, want_adv = rft_objective(algo, case)
+  assert np.isfinite(float(got)) and float(got) == float(want)
+  np.testing.assert_array_equal(got_adv, want_adv)
+  np.testing.assert_array_equal(got_grad, want_grad)
+
+
 def test_grpo_per_sequence_mean_is_the_papers_letter():
   """loss_agg='seq_mean_token_mean' (README: the GRPO paper's 1/G sum_i 1/|o_i| sum_t, with the
   KL term inside and an entropy bonus) against the loops."""

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from rft_jax.algorithms import corrections, kl_control, registry
 from rft_jax.algorithms.advantages import group_stats
 from rft_jax.algorithms import train_state as ts
-from rft_jax.algorithms.losses import kl_penalty, token_mean
+from rft_jax.algorithms.losses import kl_penalty, masked, token_mean
 from rft_jax.models import functional as lm
 from rft_jax.sampling.sampler import Rollout
 from rft_jax.telemetry.metrics import masked_mean, rollout_metrics, token_entropy
@@ -214,7 +214,7 @@ def assemble_batch(rollout: Rollout, old_logp_bl, ref_logp_bl, rewards_b, valid_
   metrics = {}
   adv_rewards_b, kl_bl, kl_coef = rewards_b, None, algo.kl_coef if kl_coef is None else kl_coef
   if algo.kl_in_reward and algo.use_reference and algo.kl_coef:
-    kl_bl = kl_penalty(old_logp_bl, ref_logp_bl, algo.kl_estimator) * loss_mask_bl
+    kl_bl = masked(kl_penalty(old_logp_bl, ref_logp_bl, algo.kl_estimator), loss_mask_bl)
     kl_b = kl_bl.sum(-1)
     adv_rewards_b = rewards_b - kl_coef * kl_b
     metrics['kl_reward/seq_kl'] = masked_mean(kl_b, valid_b)

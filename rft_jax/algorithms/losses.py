@@ -158,7 +158,7 @@ def adaptive_kl_coef(kl_coef, kl, *, target: float, horizon: float, n_steps: flo
 # rewards, neither add nor dilute): the global value is the mean over all such sequences of the
 # batch, whichever device or micro-batch holds them.
 
-def _masked(x_bl, mask_bl):
+def masked(x_bl, mask_bl):
   """x * m, exactly 0 where m = 0 even where x is inf or NaN there (inf * 0 = NaN): e.g. k3's
   exp(ref - old) can overflow on a padding slot, whose log-probs are never trained on."""
   return jnp.where(mask_bl > 0, x_bl * mask_bl, 0.0)
@@ -167,14 +167,14 @@ def _masked(x_bl, mask_bl):
 def _seq_terms(x_bl, mask_bl):
   m = mask_bl.astype(x_bl.dtype)
   tokens_b = m.sum(-1)
-  return _masked(x_bl, m).sum(-1), tokens_b, (tokens_b > 0).astype(jnp.float32)
+  return masked(x_bl, m).sum(-1), tokens_b, (tokens_b > 0).astype(jnp.float32)
 
 
 @register_loss_agg('token_mean')
 def token_mean(x_bl, mask_bl, *, norm_len: int = 0):
   """Token mean over the whole (global) batch (DAPO): returns (sum_bt x*m, sum_bt m)."""
   del norm_len
-  return _masked(x_bl, mask_bl).sum(), mask_bl.sum().astype(jnp.float32)
+  return masked(x_bl, mask_bl).sum(), mask_bl.sum().astype(jnp.float32)
 
 
 @register_loss_agg('seq_mean_token_mean')

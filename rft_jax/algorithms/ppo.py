@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from rft_jax.algorithms import corrections, critic, grpo, kl_control, registry
 from rft_jax.algorithms import train_state as ts
 from rft_jax.algorithms.advantages import gae
-from rft_jax.algorithms.losses import kl_penalty
+from rft_jax.algorithms.losses import kl_penalty, masked
 from rft_jax.parallel import mesh as meshlib
 from rft_jax.sampling.sampler import Rollout
 from rft_jax.telemetry.metrics import masked_mean, rollout_metrics
@@ -157,7 +157,7 @@ def prepare_batch(params, ref_params, rollout: Rollout, rewards_b, valid_b, *, g
   metrics = {}
   if algo.kl_in_reward and algo.use_reference and algo.kl_coef:
     kl_coef = algo.kl_coef if kl_coef is None else kl_coef
-    kl_bt = kl_penalty(old_logp_bl, ref_logp_bl, algo.kl_estimator)[:, p - 1:] * m_bt
+    kl_bt = masked(kl_penalty(old_logp_bl, ref_logp_bl, algo.kl_estimator)[:, p - 1:], m_bt)
     reward_bt = reward_bt - kl_coef * kl_bt
     metrics['kl_reward/seq_kl'] = masked_mean(kl_bt.sum(-1), valid_b)
     metrics['kl_reward/penalty'] = kl_coef * metrics['kl_reward/seq_kl']
