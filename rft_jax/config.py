@@ -286,6 +286,9 @@ def _check_verifier_names(config: ml_collections.ConfigDict) -> None:
     raise ConfigError('rewards.weights', 'needs at least one verifier name -> weight')
   for name in weights.keys():
     _check_verifier(f'rewards.weights.{name}', name, VERIFIERS)
+  if not any(weights[name] for name in weights.keys()):
+    raise ConfigError('rewards.weights', f'{dict(weights)}: every weight is 0, so every reward '
+                      'is 0 and nothing is learned; give at least one verifier a weight')
 
 
 def _check_eval_verifier(config: ml_collections.ConfigDict) -> None:

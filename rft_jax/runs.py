@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rft_jax import atomic_file, components, incidents, initial_policy, programs
+from rft_jax import atomic_file, components, incidents, initial_policy, jsonfile, programs
 from rft_jax import config as config_lib
 from rft_jax.workdir_config import (  # noqa: F401  (runs.X for tools and tests)
     RUN_CONFIG, check_workdir_config, record_workdir_config)
@@ -161,8 +161,7 @@ def make_summary(config, base_eval: dict, final_eval: dict, steps: int, wall_s: 
       'recipe': config.name,
       'variant': config.get('variant'),   # None: the recipe does not say (config_schema)
       'recipe_file': config.get('recipe_file'),   # None: a config not loaded from a file
-      'steps': steps,
-      'optim_updates': steps * updates_per_step(config),
+      'steps': steps, 'optim_updates': steps * updates_per_step(config),
       'wall_s': round(wall_s, 1),
       'base_greedy_acc': base_eval['eval/greedy_acc'],
       f'base_mean@{k}_acc': base_eval[f'eval/mean@{k}_acc'],
@@ -327,13 +326,14 @@ def finish_complete_run(config, workdir, opened) -> dict:
                    f'config.train.steps above {start} to train further')
   path, summary = os.path.join(workdir, 'summary.json'), None
   if os.path.exists(path):   # the finished run's own record (with fields like 'incidents')
-    try:
-      with open(path, encoding='utf-8') as f:
-        summary = json.load(f)
-    except (OSError, ValueError) as e:   # torn or edited: rebuilt from the checkpoint's record
-      hooks.on_message(f'{path} unreadable ({type(e).__name__}: {e}); rewritten from the '
-                       'checkpoint')
-  if not isinstance(summary, dict):
+    try:   # torn or edited, or of an earlier step (an extension cut short): rebuilt
+      summary = jsonfile.read_object(path)
+      if summary.get('steps') != start:
+        raise ValueError(f"{path} is of step {summary.get('steps')}, the checkpoint's {start}")
+    except (OSError, ValueError) as e:
+      hooks.on_message(f'{e}; summary.json rewritten from the checkpoint')
+      summary = None
+  if summary is None:
     summary = make_summary(config, meta['base_eval'], meta['final_eval'], start, meta['wall_s'])
     if not (config_lib.is_sft(config) or config_lib.is_dpo(config)):   # as the RL loop writes it
       summary['incidents'] = incidents.logged_count(config, workdir, start)

@@ -10,10 +10,12 @@ from rft_jax import components, config_schema
 
 RUN_CONFIG = 'config.json'
 # What the workdir's checkpoints are shaped by, so a resume must keep it: the recipe, the model
-# (but not its compute options, nor where its files are) and the algorithm's state-defining
-# choices. Everything else (train.steps, the learning rate, telemetry, the monitor) may change
-# between invocations.
-_RUN_IDENTITY = ('name', 'model.', 'algo.advantage', 'algo.loss', 'algo.critic')
+# (but not its compute options, nor where its files are), the algorithm's choices (DPO's loss
+# type among them) and the held-out eval (summary.json compares the base eval of step 0 with
+# the final one: another eval.k has no base mean@k, another eval set no comparison). Everything
+# else (train.steps, the learning rate, telemetry, the monitor) may change between invocations.
+_RUN_IDENTITY = ('name', 'model.', 'algo.advantage', 'algo.loss', 'algo.critic', 'dpo.loss_type',
+                 'eval.')
 _MAY_CHANGE = ('model.dtype', 'model.remat', 'model.scan_layers', 'model.path')
 
 
@@ -40,8 +42,9 @@ def check_workdir_config(config, workdir: str,
 
   workdir/config.json is written each time a run opens the workdir (JSON of config.to_dict();
   values JSON cannot hold are written as strings). A later invocation whose recipe name, model
-  section (except dtype, remat, scan_layers, path) or algo.advantage/loss or the critic it trains
-  (config_schema.critic_layout: algo.critic, or 'none' for a non-critic advantage) differ raises
+  section (except dtype, remat, scan_layers, path), algo.advantage/loss, the critic it trains
+  (config_schema.critic_layout: algo.critic, or 'none' for a non-critic advantage), dpo.loss_type
+  or eval section differ raises
   SetupError naming the first differing key, before any checkpoint is touched: restoring would
   fail on shapes (and used to set good checkpoints aside as unusable) or silently continue one
   algorithm's run with another's. A workdir without config.json (written by an older rft_jax) is

@@ -99,3 +99,15 @@ def test_the_arith_test_split_size_is_the_datasets():
   from rft_jax import config_rules  # pylint: disable=g-import-not-at-top
   from rft_jax.data import arith  # pylint: disable=g-import-not-at-top
   assert config_rules.ARITH_NUM_TEST == arith.NUM_TEST
+
+
+def test_every_reward_weight_0_is_refused():
+  """Every reward is 0, so every advantage is 0: the run trained its steps at reward 0 and
+  learned nothing (was: valid, exit 0)."""
+  config = grpo_arith.get_config('tiny')
+  for name in config.rewards.weights.keys():
+    config.rewards.weights[name] = 0.0
+  error = _error(config)
+  assert error.key == 'rewards.weights' and 'every weight is 0' in str(error), str(error)
+  config.rewards.weights['correct'] = 1.0
+  config_lib.validate(config)

@@ -75,6 +75,15 @@ def _refused(capsys, call, pattern):
   assert info.value.code == 2 and err.count('\n') == 1 and re.match(pattern, err), err
 
 
+def test_convert_of_a_run_directory_points_to_export(llama_run, tmp_path, capsys):
+  """A run's config.json is not a HF model's: convert said 'model_type=None: supported: ...'."""
+  _, workdir = llama_run
+  _refused(capsys, lambda: tool.main(['convert', workdir, '--out', str(tmp_path / 'o')]),
+           rf'error: {re.escape(workdir)} is a run directory, not a Hugging Face model: .* '
+           rf'python -m tools.checkpoint export --config RECIPE --workdir {re.escape(workdir)} ')
+  assert not os.path.exists(tmp_path / 'o')
+
+
 def test_export_never_writes_into_the_source_checkpoint(llama_run, tmp_path, capsys):
   model_dir, workdir = llama_run
   before = _digest(model_dir)

@@ -107,7 +107,7 @@ def test_second_invocation_reports_complete(tmp_path, capsys):
   with open(os.path.join(str(tmp_path), 'summary.json'), 'w') as f:
     f.write('{"recipe": ')
   third = trainer.run(config, str(tmp_path))
-  assert 'summary.json unreadable (JSONDecodeError' in capsys.readouterr().out
+  assert 'summary.json: not valid JSON (' in capsys.readouterr().out
   rebuilt = lambda s: {k: v for k, v in s.items() if k != 'wall_s'}
   assert rebuilt(third) == rebuilt(first) and list(third) == list(first)   # incidents too (0)
   with open(os.path.join(str(tmp_path), 'summary.json')) as f:
@@ -124,6 +124,12 @@ def test_second_invocation_reports_complete(tmp_path, capsys):
   (tmp_path / 'incidents.jsonl').unlink()
   config.monitor.mode = 'off'
   assert trainer.run(config, str(tmp_path))['incidents'] is None
+  # A summary.json of an earlier step (an extension of the finished run cut short after its
+  # checkpoint) is not printed as the finished run's: said, rebuilt (was printed as is).
+  (tmp_path / 'summary.json').write_text(json.dumps({**first, 'steps': 1}))
+  capsys.readouterr()
+  assert trainer.run(config, str(tmp_path))['steps'] == 2
+  assert "summary.json is of step 1, the checkpoint's 2" in capsys.readouterr().out
 
 
 def test_a_run_without_the_monitor_does_not_report_0_incidents(tmp_path, capsys):

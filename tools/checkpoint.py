@@ -277,6 +277,12 @@ def convert(args) -> None:
   from rft_jax import checkpoint  # pylint: disable=g-import-not-at-top
   from rft_jax.models import functional, hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
   from rft_jax.parallel import mesh as meshlib  # pylint: disable=g-import-not-at-top
+  from rft_jax import workdir_config  # pylint: disable=g-import-not-at-top
+  if (os.path.isfile(os.path.join(args.hf_dir, workdir_config.RUN_CONFIG))
+      and workdir_config.is_run_workdir(args.hf_dir)):   # its config.json is the run's
+    raise usage_exit(f'{args.hf_dir} is a run directory, not a Hugging Face model: convert reads '
+                     "one; to write a run's weights in that format: python -m tools.checkpoint "
+                     f'export --config RECIPE --workdir {args.hf_dir} --out DIR')
   check_out(args.out)   # before reading the weights: orbax's save replaces the whole --out
   cfg = hc.load_hf_config(args.hf_dir)
   hc.check_readable(args.hf_dir)   # a shard missing or cut short: one line naming it
