@@ -244,12 +244,13 @@ def _check_paths(config: ml_collections.ConfigDict) -> None:
     raise ConfigError('tokenizer.path', "required (a tokenizer file or HF model dir; '' = "
                       'config.model.path, which is not set either)', path)
   if path and not os.path.exists(path):
-    raise ConfigError('tokenizer.path', f'not found (relative to {os.getcwd()})', path)
+    raise ConfigError('tokenizer.path', f'not found{rules.relative_to_cwd(path)}', path)
   rules.check_task(config)
   _check_prompt_options(config.task)
   if config.init_from and not os.path.isdir(config.init_from):
     raise ConfigError('init_from',
-                      f"no such directory (relative to {os.getcwd()}); '' = model.path's "
+                      f"no such directory{rules.relative_to_cwd(config.init_from)}; '' = "
+                      "model.path's "
                       'weights, or a random init without model.path',
                       config.init_from)
 

@@ -14,7 +14,7 @@ from rft_jax.config_schema import (
     CRITIC_ADVANTAGES, CRITIC_MODES, DPO_LOSS_TYPES, DPO_MODES, DPO_OFFLINE_KEYS,
     DPO_PAIR_SOURCES, DTYPES, DUAL_CLIP_LOSSES, DYNAMIC_SAMPLING_METRICS, GROUP_FREE_ADVANTAGES,
     KL_CTRLS, KL_ESTIMATORS, OVERLONG_MODES, PPO_KEYS, SCHEMA, ConfigError, did_you_mean, lookup,
-    ppo_minibatches)
+    ppo_minibatches, relative_to_cwd)
 from rft_jax.hf_hub import snapshot_hint
 
 
@@ -152,8 +152,8 @@ def check_model(config: ml_collections.ConfigDict) -> None:
                       model.num_key_value_heads)
   path = model.get('path', '')
   if path and not os.path.isfile(os.path.join(path, 'config.json')):
-    raise ConfigError('model.path', f'not a HF model directory with a config.json (relative to '
-                      f"{os.getcwd()}); '' = the model config.model describes"
+    raise ConfigError('model.path', 'not a HF model directory with a config.json'
+                      f"{relative_to_cwd(path)}; '' = the model config.model describes"
                       + snapshot_hint(path), path)
 
 
@@ -393,6 +393,5 @@ def check_task(config: ml_collections.ConfigDict) -> None:
     path = os.path.expanduser(manual_dir)
     if not os.path.isdir(path):
       what = 'a file, not a directory' if os.path.exists(path) else 'no such directory'
-      where = '' if os.path.isabs(path) else f' (relative to {os.getcwd()})'
-      raise ConfigError('task.manual_dir', f'{what}{where}; it must be the directory holding '
-                        'train.jsonl and test.jsonl', manual_dir)
+      raise ConfigError('task.manual_dir', f'{what}{relative_to_cwd(path)}; it must be the '
+                        'directory holding train.jsonl and test.jsonl', manual_dir)

@@ -3,6 +3,7 @@ the closed sets of names some keys take; plus ConfigError, the one-line error ev
 and the small lookup helpers the checks share. rft_jax/config.py runs the checks.
 """
 import difflib
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -240,6 +241,11 @@ def key_hint(parts, present) -> str:
   section, name = '.'.join(parts[:-1]), parts[-1]
   optional = [key.rpartition('.')[2] for key in OPTIONAL_KEYS if key.rpartition('.')[0] == section]
   return did_you_mean(name, sorted(set(present) | set(optional)))
+
+
+def relative_to_cwd(path: str) -> str:
+  """' (relative to <cwd>)' for a relative path, '' for an absolute one: for file errors."""
+  return '' if os.path.isabs(path) else f' (relative to {os.getcwd()})'
 
 
 def did_you_mean(name: str, candidates) -> str:

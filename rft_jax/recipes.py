@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import traceback
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,7 +34,7 @@ def resolve_recipe(recipe: str) -> str:
   the current directory, as for the CLI.
   """
   name, sep, arg = recipe.partition(':')
-  if name.endswith('.py') or os.sep in name:
+  if name.endswith('.py') or os.sep in name or os.path.isdir(name):
     return recipe
   for root in ('', REPO_ROOT):
     path = os.path.join(root, 'configs', name + '.py')
@@ -49,6 +50,9 @@ def load_recipe(spec: str, origin: str | None = None) -> ml_collections.ConfigDi
   Raises RecipeError (one line) for a missing file, an import error or a wrong return type.
   """
   path, *arg = spec.split(':', 1)
+  if os.path.isdir(path):
+    raise RecipeError(f'config file {path!r} is a directory (from {origin or repr(spec)}); give '
+                      'a recipe file in it, e.g. configs/grpo_arith.py')
   if not os.path.isfile(path):
     raise RecipeError(f'config file not found: {path!r} (from {origin or repr(spec)}; relative '
                       f'to {os.getcwd()}){_shipped_hint(path)}')
@@ -58,8 +62,8 @@ def load_recipe(spec: str, origin: str | None = None) -> ml_collections.ConfigDi
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
   except Exception as e:  # pylint: disable=broad-except
-    raise RecipeError(f'config file {path!r} failed to load: {type(e).__name__}: '
-                      f'{one_line(str(e))}{_beside_hint(e, path)}') from None
+    raise RecipeError(f'config file {path!r} failed to load{_line_of(e, path)}: '
+                      f'{type(e).__name__}: {one_line(str(e))}{_beside_hint(e, path)}') from None
   # A recipe that lists its VARIANTS (the shipped ones do) rejects any other `:arg`, so a typo
   # such as ':tinyy' cannot silently run the full recipe.
   variants, variant = getattr(module, 'VARIANTS', None), arg[0] if arg else ''
@@ -71,8 +75,8 @@ def load_recipe(spec: str, origin: str | None = None) -> ml_collections.ConfigDi
   try:
     config = module.get_config(*arg)
   except Exception as e:  # pylint: disable=broad-except
-    raise RecipeError(f'config file {path!r} failed to load: {type(e).__name__}: '
-                      f'{one_line(str(e))}') from None
+    raise RecipeError(f'config file {path!r} failed to load{_line_of(e, path)}: '
+                      f'{type(e).__name__}: {one_line(str(e))}') from None
   if not isinstance(config, ml_collections.ConfigDict):
     raise RecipeError(f'config file {path!r}: get_config() returned {type(config).__name__}, '
                       'not a ConfigDict')
@@ -94,6 +98,14 @@ def record_recipe(config: ml_collections.ConfigDict, spec: str) -> None:
     config.recipe_file = os.path.abspath(os.path.expanduser(path))
     if 'variant' not in config:
       config.variant = arg
+
+
+def _line_of(e: Exception, path: str) -> str:
+  """' at line N' of the recipe file's innermost frame in e's traceback ('' when none: a
+  SyntaxError names its line itself)."""
+  lines = [frame.lineno for frame in traceback.extract_tb(e.__traceback__)
+           if os.path.abspath(frame.filename) == os.path.abspath(path)]
+  return f' at line {lines[-1]}' if lines else ''
 
 
 def _beside_hint(e: Exception, path: str) -> str:

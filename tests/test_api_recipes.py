@@ -111,6 +111,22 @@ def test_recipe_errors_are_one_line(tmp_path):
   broken.write_text('def get_config(arg=None):\n  return {"not": "a ConfigDict"}\n')
   with pytest.raises(api.RecipeError, match='get_config\\(\\) returned dict, not a ConfigDict'):
     api.load_config(str(broken))
+  # An error in the user's recipe names its line, at import and in get_config (was only
+  # 'failed to load: ZeroDivisionError: division by zero'); a directory is said to be one (was
+  # 'config file not found: .../configs/configs.py').
+  broken.write_text('import math\nBAD = 1 / 0\n')
+  with pytest.raises(api.RecipeError, match=r"broken\.py' failed to load at line 2: "
+                     r'ZeroDivisionError: division by zero$'):
+    api.load_config(str(broken))
+  broken.write_text('def get_config(arg=None):\n  x = 1\n  return x / 0\n')
+  with pytest.raises(api.RecipeError, match=r'failed to load at line 3: ZeroDivisionError'):
+    api.load_config(str(broken))
+  with pytest.raises(api.RecipeError, match=rf"^config file '{re.escape(str(tmp_path))}' is a "
+                     r'directory \(from .*\); give a recipe file in it'):
+    api.load_config(str(tmp_path))
+  # An absolute path that does not exist is not said to be relative to the current directory.
+  with pytest.raises(api.ConfigError, match=r"init_from='/no/such/dir': no such directory; "):
+    api.load_config('grpo_arith:tiny', {'init_from': '/no/such/dir'})
 
 
 def test_a_module_beside_the_recipe_that_cannot_be_imported_is_explained(tmp_path):
@@ -123,7 +139,7 @@ def test_a_module_beside_the_recipe_that_cannot_be_imported_is_explained(tmp_pat
   with pytest.raises(api.RecipeError) as e:
     api.load_config(str(recipe))
   assert str(e.value) == (
-      f"config file '{recipe}' failed to load: ModuleNotFoundError: No module named "
+      f"config file '{recipe}' failed to load at line 1: ModuleNotFoundError: No module named "
       "'my_verifiers_beside' (my_verifiers_beside is beside the recipe, but a recipe is not run "
       f'as a script: its directory is not on the import path; PYTHONPATH={tmp_path} adds it)')
   recipe.write_text('import my_verifiers_besid\n\ndef get_config(arg=None):\n  return None\n')
