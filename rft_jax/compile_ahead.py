@@ -124,6 +124,8 @@ class Ahead:
         work()
     except Exception as e:  # pylint: disable=broad-except  (see the class docstring)
       self.error = e
+    finally:   # done: nothing left for wait_all (nor held by it in a long-lived process)
+      _RUNNING.discard(self)
 
   def wait(self) -> str | None:
     """Joins the thread -> None, or its error in one line ('TypeError: ...')."""

@@ -71,7 +71,8 @@ def load_policy(config, workdir: str | None = None, step: int | None = None) -> 
   from rft_jax import components, workdir_config  # pylint: disable=g-import-not-at-top
   if workdir is not None:   # another recipe's or model's run: its params were mixed in silently
     workdir_config.check_workdir_config(config, workdir, advice=(
-        'pass the config the run was started with (api.open_run(workdir).policy reads it)'))
+        'pass the config the run was started with (api.open_run(workdir).policy reads it)'),
+        training=False)
   # trains nothing: train prompts unchecked; with workdir the initial weights go unread
   c = components.build(config, params=workdir is None, check_prompts=False)
   if workdir is None:

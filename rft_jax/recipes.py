@@ -34,12 +34,14 @@ def resolve_recipe(recipe: str) -> str:
   the current directory, as for the CLI.
   """
   name, sep, arg = recipe.partition(':')
-  if name.endswith('.py') or os.sep in name or os.path.isdir(name):
+  if name.endswith('.py') or os.sep in name:
     return recipe
   for root in ('', REPO_ROOT):
     path = os.path.join(root, 'configs', name + '.py')
     if os.path.isfile(path):
       return path + sep + arg
+  if os.path.isdir(name):   # load_recipe says it is one (not 'configs/<name>.py not found')
+    return recipe
   return os.path.join('configs', name + '.py') + sep + arg
 
 

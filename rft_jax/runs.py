@@ -162,13 +162,11 @@ def make_summary(config, base_eval: dict, final_eval: dict, steps: int, wall_s: 
       'variant': config.get('variant'),   # None: the recipe does not say (config_schema)
       'recipe_file': config.get('recipe_file'),   # None: a config not loaded from a file
       'steps': steps, 'optim_updates': steps * updates_per_step(config),
-      'wall_s': round(wall_s, 1),
-      'base_greedy_acc': base_eval['eval/greedy_acc'],
+      'wall_s': round(wall_s, 1), 'base_greedy_acc': base_eval['eval/greedy_acc'],
       f'base_mean@{k}_acc': base_eval[f'eval/mean@{k}_acc'],
       'final_greedy_acc': final_eval['eval/greedy_acc'],
       f'final_mean@{k}_acc': final_eval[f'eval/mean@{k}_acc'],
-      'eval_prompts': config.eval.num_prompts,
-      'eval_k': k,
+      'eval_prompts': config.eval.num_prompts, 'eval_k': k,
   }
 
 
@@ -177,9 +175,9 @@ class RunScope(contextlib.ExitStack):
   reward workers: `callback(close)`), closed last-added first when the run's `with` block ends,
   however it ends: a finished or stopped run's finish_run / close_stopped_run closed some already
   (twice is harmless); any other error (the base eval, a worker start, a restore, SIGTERM in
-  set-up) leaves no workers, threads, open files or orbax logging muted (after a failed restore)
-  in a process that goes on (api.train in a notebook). The error goes on unchanged: a close
-  failing under it is a line on stderr."""
+  set-up) leaves no workers, open files, muted orbax logging or threads (but the first step's
+  compile: compile_ahead.py) in a process that goes on (api.train in a notebook). The error
+  goes on unchanged: a close failing under it is a line on stderr."""
 
   def __exit__(self, exc_type, exc, tb) -> bool:
     if exc is None:
@@ -240,6 +238,8 @@ def open_run(config, workdir, c: components.Components, data_it, hooks_extra=(),
     raise components.SetupError(
         f'config.train.steps={config.train.steps} is below the step of the unfinished run in '
         f'{workdir} (checkpoint {start}); set train.steps to {start} or more to finish it')
+  if start < config.train.steps:   # an extension: the final eval is the new last step's
+    meta.pop('final_eval', None)
   if start < config.train.steps or 'final_eval' not in meta or not os.path.isfile(
       os.path.join(workdir, RUN_CONFIG)):   # a finished run's keeps the config it trained with
     record_workdir_config(config, workdir)

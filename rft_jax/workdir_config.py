@@ -16,6 +16,7 @@ RUN_CONFIG = 'config.json'
 # else (train.steps, the learning rate, telemetry, the monitor) may change between invocations.
 _RUN_IDENTITY = ('name', 'model.', 'algo.advantage', 'algo.loss', 'algo.critic', 'dpo.loss_type',
                  'eval.')
+_TRAINING_ONLY = ('dpo.loss_type', 'eval.')   # not compared by an export or load_policy
 _MAY_CHANGE = ('model.dtype', 'model.remat', 'model.scan_layers', 'model.path')
 
 
@@ -36,7 +37,7 @@ def _flat(d: dict, prefix: str = '') -> dict:
 
 def check_workdir_config(config, workdir: str,
                          advice: str = 'resume it with the config that started it, or use a new '
-                         '--workdir') -> None:
+                         '--workdir', training: bool = True) -> None:
   """Refuses to continue a workdir that another recipe, model or algorithm wrote (then
   record_workdir_config records the config of a run that opened).
 
@@ -44,7 +45,8 @@ def check_workdir_config(config, workdir: str,
   values JSON cannot hold are written as strings). A later invocation whose recipe name, model
   section (except dtype, remat, scan_layers, path), algo.advantage/loss, the critic it trains
   (config_schema.critic_layout: algo.critic, or 'none' for a non-critic advantage), dpo.loss_type
-  or eval section differ raises
+  or eval section differ raises (the last two only for a run that trains: training=False for
+  one that reads its weights, an export or api.load_policy)
   SetupError naming the first differing key, before any checkpoint is touched: restoring would
   fail on shapes (and used to set good checkpoints aside as unusable) or silently continue one
   algorithm's run with another's. A workdir without config.json (written by an older rft_jax) is
@@ -65,7 +67,8 @@ def check_workdir_config(config, workdir: str,
       d['algo.critic'] = config_schema.critic_layout(
           {k[len('algo.'):]: v for k, v in d.items() if k.startswith('algo.')})
     for key in sorted(set(flat) | set(theirs), key=lambda k: (k != 'name', k)):   # name first
-      if not key.startswith(_RUN_IDENTITY) or key in _MAY_CHANGE:
+      if (not key.startswith(_RUN_IDENTITY) or key in _MAY_CHANGE
+          or not training and key.startswith(_TRAINING_ONLY)):
         continue
       if flat.get(key) != theirs.get(key):
         raise components.SetupError(

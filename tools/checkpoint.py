@@ -239,7 +239,8 @@ def export(args) -> None:
   check_model_path_given(source, args.workdir)
   try:   # the run's config.json: another recipe or model is named in one line
     runs.check_workdir_config(config, args.workdir, advice='give export the recipe and the '
-                              '--config.a.b=v overrides the run was started with')
+                              '--config.a.b=v overrides the run was started with',
+                              training=False)
     # neither the task's data nor the initial weights (c.params: shapes) are needed to export
     c = components.build(config, data=False, params=False)
   except components.SetupError as e:
