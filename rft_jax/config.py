@@ -250,8 +250,7 @@ def _check_paths(config: ml_collections.ConfigDict) -> None:
   if config.init_from and not os.path.isdir(config.init_from):
     raise ConfigError('init_from',
                       f"no such directory{rules.relative_to_cwd(config.init_from)}; '' = "
-                      "model.path's "
-                      'weights, or a random init without model.path',
+                      "model.path's weights, or a random init without model.path",
                       config.init_from)
 
 

@@ -139,10 +139,10 @@ def open_run_checkpoint(workdir: str, step: int | None):
 
 
 def inspect(path: str) -> None:
+  from rft_jax.config_schema import relative_to_cwd  # pylint: disable=g-import-not-at-top
   from rft_jax.models import hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
   if not os.path.exists(path):
-    where = '' if os.path.isabs(path) else f' (relative to {os.getcwd()})'
-    raise usage_exit(f'{path} does not exist{where}')
+    raise usage_exit(f'{path} does not exist{relative_to_cwd(path)}')
   hint = _run_dir_hint(path)
   if hint:   # its config.json is the run's: it was read as a HF config ('model_type=None')
     raise usage_exit(hint)
@@ -177,17 +177,22 @@ def inspect(path: str) -> None:
     raise SystemExit(f'error: not loadable by rft_jax: {problem}')
 
 
+def _is_run_dir(path: str) -> bool:
+  """A run's directory: its config.json is the run's (is_run_workdir alone: an empty dir too)."""
+  from rft_jax import workdir_config  # pylint: disable=g-import-not-at-top
+  return (os.path.isfile(os.path.join(path, workdir_config.RUN_CONFIG))
+          and workdir_config.is_run_workdir(path))
+
+
 def _run_dir_hint(path: str) -> str | None:
   """For a run directory or its `checkpoints` directory (neither is a checkpoint): which
   directories to inspect instead, else None."""
-  from rft_jax import workdir_config  # pylint: disable=g-import-not-at-top
   from rft_jax.checkpoint_manifest import steps_on_disk  # pylint: disable=g-import-not-at-top
   if os.path.isfile(os.path.join(path, '_METADATA')):
     return None
   if os.path.basename(os.path.normpath(path)) == 'checkpoints':
     directory, what = path, 'the checkpoints directory of a run'
-  elif (os.path.isfile(os.path.join(path, workdir_config.RUN_CONFIG))
-        and workdir_config.is_run_workdir(path)):   # (is_run_workdir: an empty dir too)
+  elif _is_run_dir(path):
     directory, what = os.path.join(path, 'checkpoints'), 'a run directory'
   else:
     return None
@@ -278,9 +283,7 @@ def convert(args) -> None:
   from rft_jax import checkpoint  # pylint: disable=g-import-not-at-top
   from rft_jax.models import functional, hf_checkpoint as hc  # pylint: disable=g-import-not-at-top
   from rft_jax.parallel import mesh as meshlib  # pylint: disable=g-import-not-at-top
-  from rft_jax import workdir_config  # pylint: disable=g-import-not-at-top
-  if (os.path.isfile(os.path.join(args.hf_dir, workdir_config.RUN_CONFIG))
-      and workdir_config.is_run_workdir(args.hf_dir)):   # its config.json is the run's
+  if _is_run_dir(args.hf_dir):   # its config.json is the run's, not a HF model's
     raise usage_exit(f'{args.hf_dir} is a run directory, not a Hugging Face model: convert reads '
                      "one; to write a run's weights in that format: python -m tools.checkpoint "
                      f'export --config RECIPE --workdir {args.hf_dir} --out DIR')

@@ -134,9 +134,9 @@ def whiten_token_returns(score_b, valid_b, mask_bl=None, kl_bl=None, kl_coef=0.0
   mean = (g_bl * m_bl).sum() / n
   std = jnp.sqrt((((g_bl - mean) ** 2) * m_bl).sum() / n)
   # Returns all equal (no KL term, equal rewards): exactly 0, not the mean's rounding residue
-  # over its std (~±1 at rewards of ~10 and more; group_spread).
-  spread = (jnp.where(m_bl > 0, g_bl, -jnp.inf).max() > jnp.where(m_bl > 0, g_bl, jnp.inf).min())
-  adv_bl = jnp.where((m_bl > 0) & spread, _scale(g_bl - mean, std, eps), 0.0)
+  # over its std (group_spread, the whole batch one group).
+  spread = group_spread(g_bl.reshape(-1), (m_bl > 0).reshape(-1), g_bl.size)
+  adv_bl = jnp.where((m_bl > 0) & spread.reshape(g_bl.shape), _scale(g_bl - mean, std, eps), 0.0)
   return adv_bl[:, 0] if rows_only else adv_bl
 
 
